@@ -1,0 +1,201 @@
+//! Decisions are values, not errors.
+//!
+//! Every question Warden answers (may this agent read that record, may this
+//! step run, may this child be registered) produces a [`Decision`]: a verdict,
+//! a stable snake_case [`Reason`] code, the subject, the operation, the
+//! resource and the policy version. A deny is a `Decision`, never an `Err`.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{AgentId, Label};
+use crate::time::Timestamp;
+
+/// The four outcomes of a governance decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// The operation may proceed.
+    Allow,
+    /// The operation may proceed, and the obligations bind what follows.
+    Constrain,
+    /// The operation must not proceed.
+    Deny,
+    /// A human must review the operation before it may proceed.
+    Escalate,
+}
+
+impl Verdict {
+    /// Whether the operation may proceed now (`allow` or `constrain`).
+    pub fn permits(self) -> bool {
+        matches!(self, Verdict::Allow | Verdict::Constrain)
+    }
+
+    /// The verdict's snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Allow => "allow",
+            Verdict::Constrain => "constrain",
+            Verdict::Deny => "deny",
+            Verdict::Escalate => "escalate",
+        }
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A stable snake_case reason code, optionally with one parameter after a
+/// colon (`visible_from:report_manager`).
+///
+/// Codes are part of Warden's contract: clients and tests match on them.
+/// Modules define their codes as constants (see [`reasons`]).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Reason(Cow<'static, str>);
+
+impl Reason {
+    /// A parameterless code.
+    pub const fn code(code: &'static str) -> Self {
+        Self(Cow::Borrowed(code))
+    }
+
+    /// A code with one parameter: `prefix:param`.
+    pub fn with_param(prefix: &str, param: &str) -> Self {
+        let mut s = String::with_capacity(prefix.len() + 1 + param.len());
+        s.push_str(prefix);
+        s.push(':');
+        s.push_str(param);
+        Self(Cow::Owned(s))
+    }
+
+    /// The code as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The part before the first colon (the code without its parameter).
+    pub fn kind(&self) -> &str {
+        self.0.split(':').next().unwrap_or("")
+    }
+}
+
+impl fmt::Debug for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Reason({})", self.0)
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The reason codes of the lab document and the ones Warden adds.
+pub mod reasons {
+    use super::Reason;
+
+    /// The agent (or an ancestor) has been revoked.
+    pub const AGENT_REVOKED: Reason = Reason::code("agent_revoked");
+    /// The agent is not registered.
+    pub const UNKNOWN_AGENT: Reason = Reason::code("unknown_agent");
+    /// The capability was not passed down the lineage.
+    pub const CAPABILITY_NOT_INHERITED: Reason = Reason::code("capability_not_inherited");
+    /// Prefix: the record was read from this owner.
+    pub const VISIBLE_FROM: &str = "visible_from";
+    /// Prefix: the nearest record belongs to this owner and is not visible.
+    pub const NOT_VISIBLE_FROM: &str = "not_visible_from";
+    /// Prefix: a `policy`-class value combined from these owners.
+    pub const COMBINED_FROM: &str = "combined_from";
+    /// No record on the lineage.
+    pub const RECORD_NOT_FOUND: Reason = Reason::code("record_not_found");
+    /// A task record whose expiry has passed.
+    pub const RECORD_EXPIRED: Reason = Reason::code("record_expired");
+    /// A secret read by an agent that is neither owner nor grantee.
+    pub const SECRET_NOT_GRANTED: Reason = Reason::code("secret_not_granted");
+    /// A secret read by its owner or a grantee.
+    pub const SECRET_GRANTED: Reason = Reason::code("secret_granted");
+    /// A write or delete naming another owner.
+    pub const ACTOR_IS_NOT_OWNER: Reason = Reason::code("actor_is_not_owner");
+    /// A write or delete by the owner.
+    pub const OWNER_WRITE: Reason = Reason::code("owner_write");
+    /// A delete by the owner.
+    pub const OWNER_DELETE: Reason = Reason::code("owner_delete");
+    /// Compare-and-set saw another revision.
+    pub const REVISION_CONFLICT: Reason = Reason::code("revision_conflict");
+    /// A write that would change a record's class or combinator.
+    pub const CLASS_CHANGE: Reason = Reason::code("class_change_denied");
+    /// SOP step id is empty.
+    pub const EMPTY_STEP_ID: Reason = Reason::code("empty_step_id");
+    /// SOP step id repeats.
+    pub const DUPLICATE_STEP_ID: Reason = Reason::code("duplicate_step_id");
+    /// The action is not in the catalogue.
+    pub const UNKNOWN_ACTION: Reason = Reason::code("unknown_action");
+    /// The action is known but not in the agent's effective capabilities.
+    pub const ACTION_NOT_IN_EFFECTIVE_CAPABILITIES: Reason =
+        Reason::code("action_not_in_effective_capabilities");
+    /// A `memory.write` step naming another owner.
+    pub const CROSS_OWNER_MEMORY_WRITE: Reason = Reason::code("cross_owner_memory_write");
+    /// The step passed every check.
+    pub const STEP_ALLOWED: Reason = Reason::code("step_allowed");
+    /// The SOP was admitted.
+    pub const SOP_ADMITTED: Reason = Reason::code("sop_admitted");
+    /// The SOP was rejected (at least one step failed).
+    pub const SOP_REJECTED: Reason = Reason::code("sop_rejected");
+    /// The agent holds the capability.
+    pub const CAPABILITY_GRANTED: Reason = Reason::code("capability_granted");
+    /// An agent was registered.
+    pub const AGENT_REGISTERED: Reason = Reason::code("agent_registered");
+}
+
+/// Something a `constrain` verdict obliges later steps to respect.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Obligation {
+    /// The step's result must carry (at least) these labels.
+    ResultLabels {
+        /// Labels to attach.
+        labels: Vec<Label>,
+    },
+    /// Any child delegated from here inherits these restrictions.
+    InheritRestrictions {
+        /// Restriction names.
+        restrictions: Vec<Label>,
+    },
+}
+
+/// One governance decision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    /// The outcome.
+    pub verdict: Verdict,
+    /// Stable reason code.
+    pub reason: Reason,
+    /// The acting agent (always the runtime identity, never a payload field).
+    pub subject: AgentId,
+    /// What was attempted: an action name (`memory.read`) or a governance
+    /// operation (`sop.validate`, `agent.register`, ...).
+    pub operation: String,
+    /// What it was attempted on (`project.client_region`, `sop:step`, ...).
+    pub resource: String,
+    /// The policy bundle version the decision was made under.
+    pub policy_version: String,
+    /// Obligations attached by a `constrain` verdict.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub obligations: Vec<Obligation>,
+    /// When the decision was made.
+    pub time: Timestamp,
+}
+
+impl Decision {
+    /// Whether the operation may proceed.
+    pub fn permits(&self) -> bool {
+        self.verdict.permits()
+    }
+}

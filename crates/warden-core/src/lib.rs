@@ -1,0 +1,29 @@
+//! # warden-core
+//!
+//! The pure rules of Warden, a governance engine for hierarchical AI agents.
+//!
+//! This crate decides; it never acts. It does no I/O, spawns no threads, reads
+//! no clock and no environment: time and randomness are passed in, policy is
+//! parsed from `&str`, and storage lives behind the `warden-store` crate. That
+//! keeps every rule testable as a plain function and every decision
+//! reproducible from its inputs.
+//!
+//! Map of the modules:
+//!
+//! - [`ids`]: identifiers that can only be built valid.
+//! - [`decision`]: verdicts, reason codes, obligations and decisions.
+//! - [`audit`]: the canonical encoding and hash chain of the decision log.
+//! - [`catalogue`]: the action catalogue and argument rules.
+//! - [`sop`]: strict SOP parsing.
+//! - [`lockdown`]: the delegation write-surface predicate and config checks.
+//! - [`envelope`]: context envelopes, aggregation, delegation, signatures.
+#![cfg_attr(not(test), warn(missing_docs))]
+
+pub mod audit;
+pub mod catalogue;
+pub mod decision;
+pub mod envelope;
+pub mod ids;
+pub mod lockdown;
+pub mod sop;
+pub mod time;
