@@ -20,10 +20,14 @@
 #![cfg_attr(not(test), warn(missing_docs))]
 
 pub mod audit;
+pub mod canonical;
+pub mod capability;
 pub mod catalogue;
 pub mod decision;
 pub mod envelope;
+pub mod hierarchy;
 pub mod ids;
 pub mod lockdown;
+pub mod memory;
 pub mod sop;
 pub mod time;

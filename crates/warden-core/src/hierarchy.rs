@@ -1,0 +1,481 @@
+//! The agent hierarchy and effective capabilities.
+//!
+//! Agents form a forest: each has at most one parent, registered before it.
+//! Registration validates the tree (unknown parent, duplicate id, cycle,
+//! depth limit) and computes the agent's effective capabilities once:
+//!
+//! ```text
+//! effective(root)  = environment ∩ declared(root)
+//! effective(child) = effective(parent) ∩ declared(child) \ non_root_forbidden
+//! ```
+//!
+//! which unrolls to the lab document's intersection over the whole lineage.
+//! `non_root_forbidden` holds the actions no delegated agent may ever hold
+//! (the block-write actions of delegation lockdown). Nodes live in a `Vec`
+//! and point at their parent by index, so a lineage walk is pointer chasing
+//! with no hashing.
+
+use std::collections::{BTreeSet, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use crate::capability::CapSet;
+use crate::ids::{ActionName, AgentId};
+
+/// Limits on the shape of the hierarchy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HierarchyLimits {
+    /// The most agents a lineage (root to leaf, inclusive) may hold.
+    pub max_depth: u32,
+}
+
+impl Default for HierarchyLimits {
+    fn default() -> Self {
+        Self { max_depth: 64 }
+    }
+}
+
+/// What the caller asks to register.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentSpec {
+    /// The new agent's id.
+    pub id: AgentId,
+    /// Its parent, if any.
+    pub parent: Option<AgentId>,
+    /// The capabilities it declares (unknown names grant nothing).
+    pub capabilities: BTreeSet<ActionName>,
+}
+
+/// Whether an agent may act.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentStatus {
+    /// It may act, within its capabilities.
+    Active,
+    /// It and its descendants are denied everything.
+    Revoked,
+}
+
+/// Position of an agent in the hierarchy's node table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AgentIdx(u32);
+
+impl AgentIdx {
+    fn get(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// One registered agent.
+#[derive(Debug, Clone)]
+pub struct AgentNode {
+    id: AgentId,
+    parent: Option<AgentIdx>,
+    declared: BTreeSet<ActionName>,
+    effective: CapSet,
+    depth: u32,
+    status: AgentStatus,
+    children: Vec<AgentIdx>,
+}
+
+impl AgentNode {
+    /// The agent's id.
+    pub fn id(&self) -> &AgentId {
+        &self.id
+    }
+    /// Its parent's index.
+    pub fn parent(&self) -> Option<AgentIdx> {
+        self.parent
+    }
+    /// The capabilities it declared.
+    pub fn declared(&self) -> &BTreeSet<ActionName> {
+        &self.declared
+    }
+    /// Its cached effective capabilities.
+    pub fn effective(&self) -> &CapSet {
+        &self.effective
+    }
+    /// 0 for a root, 1 for its children, ...
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+    /// Active or revoked.
+    pub fn status(&self) -> AgentStatus {
+        self.status
+    }
+    /// Whether the agent may act at all.
+    pub fn is_active(&self) -> bool {
+        self.status == AgentStatus::Active
+    }
+    /// Its direct children.
+    pub fn children(&self) -> &[AgentIdx] {
+        &self.children
+    }
+}
+
+/// Why a registration or change was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HierarchyError {
+    /// The id is taken.
+    #[error("agent `{0}` is already registered")]
+    DuplicateAgent(AgentId),
+    /// The parent is not registered.
+    #[error("unknown parent `{parent}` for agent `{agent}`")]
+    UnknownParent {
+        /// The agent being registered.
+        agent: AgentId,
+        /// The missing parent.
+        parent: AgentId,
+    },
+    /// The parent is revoked.
+    #[error("parent `{parent}` of agent `{agent}` is revoked")]
+    ParentRevoked {
+        /// The agent being registered.
+        agent: AgentId,
+        /// The revoked parent.
+        parent: AgentId,
+    },
+    /// The lineage would be too deep.
+    #[error("agent `{agent}` would sit at depth {depth}, the limit is {limit}")]
+    TooDeep {
+        /// The agent being registered.
+        agent: AgentId,
+        /// The lineage length it would have.
+        depth: u32,
+        /// The configured limit.
+        limit: u32,
+    },
+    /// The declared parents form a cycle.
+    #[error("agent hierarchy contains a cycle through `{0}`")]
+    Cycle(AgentId),
+    /// The agent is not registered.
+    #[error("unknown agent `{0}`")]
+    UnknownAgent(String),
+    /// The table is full (over 4 billion agents).
+    #[error("agent table is full")]
+    Full,
+}
+
+/// A registration that passed validation and can be committed infallibly.
+#[derive(Debug, Clone)]
+pub struct PreparedAgent {
+    node: AgentNode,
+}
+
+impl PreparedAgent {
+    /// The node that [`Hierarchy::commit`] will insert.
+    pub fn node(&self) -> &AgentNode {
+        &self.node
+    }
+}
+
+/// The agent forest with cached effective capabilities.
+#[derive(Debug, Clone)]
+pub struct Hierarchy {
+    nodes: Vec<AgentNode>,
+    by_id: HashMap<AgentId, AgentIdx>,
+    environment: CapSet,
+    non_root_forbidden: CapSet,
+    limits: HierarchyLimits,
+}
+
+impl Hierarchy {
+    /// An empty hierarchy under the given environment capabilities.
+    pub fn new(environment: CapSet, non_root_forbidden: CapSet, limits: HierarchyLimits) -> Self {
+        Self {
+            nodes: Vec::new(),
+            by_id: HashMap::new(),
+            environment,
+            non_root_forbidden,
+            limits,
+        }
+    }
+
+    /// The environment capabilities.
+    pub fn environment(&self) -> &CapSet {
+        &self.environment
+    }
+
+    /// The configured limits.
+    pub fn limits(&self) -> HierarchyLimits {
+        self.limits
+    }
+
+    /// Number of registered agents (active or revoked).
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether no agent is registered.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Look an agent up by id.
+    #[inline]
+    pub fn index_of(&self, id: &str) -> Option<AgentIdx> {
+        self.by_id.get(id).copied()
+    }
+
+    /// The node at `idx`.
+    #[inline]
+    pub fn node(&self, idx: AgentIdx) -> Option<&AgentNode> {
+        self.nodes.get(idx.get())
+    }
+
+    /// Look an agent up by id.
+    pub fn get(&self, id: &str) -> Option<&AgentNode> {
+        self.index_of(id).and_then(|i| self.node(i))
+    }
+
+    /// All nodes, in registration order.
+    pub fn iter(&self) -> impl Iterator<Item = (AgentIdx, &AgentNode)> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| u32::try_from(i).ok().map(|i| (AgentIdx(i), n)))
+    }
+
+    /// The agent and its ancestors, nearest first.
+    pub fn lineage(&self, idx: AgentIdx) -> Lineage<'_> {
+        Lineage {
+            hierarchy: self,
+            next: Some(idx),
+        }
+    }
+
+    /// Whether `ancestor` is a strict ancestor of `idx`.
+    pub fn is_ancestor(&self, ancestor: AgentIdx, idx: AgentIdx) -> bool {
+        self.lineage(idx).skip(1).any(|(i, _)| i == ancestor)
+    }
+
+    /// Whether `idx` holds the capability with action index `action`.
+    #[inline]
+    pub fn has_capability(&self, idx: AgentIdx, action: u16) -> bool {
+        self.node(idx)
+            .is_some_and(|n| n.is_active() && n.effective.contains(action))
+    }
+
+    /// Validate a registration without changing anything.
+    ///
+    /// `index_of` maps an action name to its catalogue index; names it does
+    /// not know grant nothing.
+    pub fn prepare(
+        &self,
+        spec: &AgentSpec,
+        index_of: &dyn Fn(&ActionName) -> Option<u16>,
+    ) -> Result<PreparedAgent, HierarchyError> {
+        if self.by_id.contains_key(spec.id.as_str()) {
+            return Err(HierarchyError::DuplicateAgent(spec.id.clone()));
+        }
+        if u32::try_from(self.nodes.len()).is_err() {
+            return Err(HierarchyError::Full);
+        }
+        let declared_set = CapSet::from_indices(spec.capabilities.iter().filter_map(index_of));
+        let (parent, depth, effective) = match &spec.parent {
+            None => (None, 0, self.environment.intersection(&declared_set)),
+            Some(parent_id) => {
+                let pidx = self.index_of(parent_id.as_str()).ok_or_else(|| {
+                    HierarchyError::UnknownParent {
+                        agent: spec.id.clone(),
+                        parent: parent_id.clone(),
+                    }
+                })?;
+                let pnode = self
+                    .node(pidx)
+                    .ok_or_else(|| HierarchyError::UnknownAgent(parent_id.to_string()))?;
+                if !pnode.is_active() {
+                    return Err(HierarchyError::ParentRevoked {
+                        agent: spec.id.clone(),
+                        parent: parent_id.clone(),
+                    });
+                }
+                let effective = pnode
+                    .effective
+                    .intersection(&declared_set)
+                    .difference(&self.non_root_forbidden);
+                (Some(pidx), pnode.depth + 1, effective)
+            }
+        };
+        if depth + 1 > self.limits.max_depth {
+            return Err(HierarchyError::TooDeep {
+                agent: spec.id.clone(),
+                depth: depth + 1,
+                limit: self.limits.max_depth,
+            });
+        }
+        Ok(PreparedAgent {
+            node: AgentNode {
+                id: spec.id.clone(),
+                parent,
+                declared: spec.capabilities.clone(),
+                effective,
+                depth,
+                status: AgentStatus::Active,
+                children: Vec::new(),
+            },
+        })
+    }
+
+    /// Insert a prepared agent. Must follow [`Hierarchy::prepare`] on the
+    /// same, unchanged hierarchy.
+    pub fn commit(&mut self, prepared: PreparedAgent) -> Result<AgentIdx, HierarchyError> {
+        let node = prepared.node;
+        if self.by_id.contains_key(node.id.as_str()) {
+            return Err(HierarchyError::DuplicateAgent(node.id));
+        }
+        let idx = AgentIdx(u32::try_from(self.nodes.len()).map_err(|_| HierarchyError::Full)?);
+        if let Some(p) = node.parent {
+            match self.nodes.get_mut(p.get()) {
+                Some(parent) => parent.children.push(idx),
+                None => return Err(HierarchyError::UnknownAgent(node.id.to_string())),
+            }
+        }
+        self.by_id.insert(node.id.clone(), idx);
+        self.nodes.push(node);
+        Ok(idx)
+    }
+
+    /// Validate and insert in one step.
+    pub fn register(
+        &mut self,
+        spec: &AgentSpec,
+        index_of: &dyn Fn(&ActionName) -> Option<u16>,
+    ) -> Result<AgentIdx, HierarchyError> {
+        let prepared = self.prepare(spec, index_of)?;
+        self.commit(prepared)
+    }
+
+    /// Register many agents given in any order (a policy bundle, a store
+    /// being loaded): parents first, then children; an unknown parent or a
+    /// cycle is an error and leaves `self` unchanged.
+    pub fn register_all(
+        &mut self,
+        specs: &[AgentSpec],
+        index_of: &dyn Fn(&ActionName) -> Option<u16>,
+    ) -> Result<Vec<AgentIdx>, HierarchyError> {
+        let mut staged = self.clone();
+        let mut pending: Vec<&AgentSpec> = specs.iter().collect();
+        let mut seen = std::collections::HashSet::new();
+        for s in specs {
+            if !seen.insert(s.id.as_str()) {
+                return Err(HierarchyError::DuplicateAgent(s.id.clone()));
+            }
+        }
+        let mut order = Vec::with_capacity(specs.len());
+        while !pending.is_empty() {
+            let before = pending.len();
+            let mut rest = Vec::new();
+            for spec in pending {
+                let ready = match &spec.parent {
+                    None => true,
+                    Some(p) => staged.index_of(p.as_str()).is_some(),
+                };
+                if ready {
+                    order.push(staged.register(spec, index_of)?);
+                } else {
+                    rest.push(spec);
+                }
+            }
+            if rest.len() == before {
+                // Nothing progressed: every remaining agent waits on a parent
+                // that is either missing or part of a cycle.
+                let ids: std::collections::HashSet<&str> =
+                    rest.iter().map(|s| s.id.as_str()).collect();
+                for spec in &rest {
+                    if let Some(p) = &spec.parent
+                        && !ids.contains(p.as_str())
+                    {
+                        return Err(HierarchyError::UnknownParent {
+                            agent: spec.id.clone(),
+                            parent: p.clone(),
+                        });
+                    }
+                }
+                let first = rest
+                    .first()
+                    .map(|s| s.id.clone())
+                    .ok_or(HierarchyError::Full)?;
+                return Err(HierarchyError::Cycle(first));
+            }
+            pending = rest;
+        }
+        *self = staged;
+        Ok(order)
+    }
+
+    /// Revoke an agent and all its descendants; returns the agents newly
+    /// revoked, the given one first.
+    pub fn revoke(&mut self, id: &str) -> Result<Vec<AgentId>, HierarchyError> {
+        let root = self
+            .index_of(id)
+            .ok_or_else(|| HierarchyError::UnknownAgent(id.to_owned()))?;
+        let mut revoked = Vec::new();
+        let mut stack = vec![root];
+        while let Some(idx) = stack.pop() {
+            if let Some(node) = self.nodes.get_mut(idx.get()) {
+                if node.status == AgentStatus::Active {
+                    node.status = AgentStatus::Revoked;
+                    revoked.push(node.id.clone());
+                }
+                stack.extend(node.children.iter().rev().copied());
+            }
+        }
+        Ok(revoked)
+    }
+
+    /// Replace an agent's declared capabilities and recompute the effective
+    /// sets of it and all its descendants.
+    pub fn set_declared(
+        &mut self,
+        id: &str,
+        capabilities: BTreeSet<ActionName>,
+        index_of: &dyn Fn(&ActionName) -> Option<u16>,
+    ) -> Result<(), HierarchyError> {
+        let root = self
+            .index_of(id)
+            .ok_or_else(|| HierarchyError::UnknownAgent(id.to_owned()))?;
+        if let Some(node) = self.nodes.get_mut(root.get()) {
+            node.declared = capabilities;
+        }
+        let mut stack = vec![root];
+        while let Some(idx) = stack.pop() {
+            let Some(node) = self.nodes.get(idx.get()) else {
+                continue;
+            };
+            let declared = CapSet::from_indices(node.declared.iter().filter_map(index_of));
+            let effective = match node.parent.and_then(|p| self.nodes.get(p.get())) {
+                None => self.environment.intersection(&declared),
+                Some(parent) => parent
+                    .effective
+                    .intersection(&declared)
+                    .difference(&self.non_root_forbidden),
+            };
+            let children = node.children.clone();
+            if let Some(node) = self.nodes.get_mut(idx.get()) {
+                node.effective = effective;
+            }
+            stack.extend(children);
+        }
+        Ok(())
+    }
+}
+
+/// Iterator over an agent and its ancestors, nearest first.
+#[derive(Debug, Clone)]
+pub struct Lineage<'h> {
+    hierarchy: &'h Hierarchy,
+    next: Option<AgentIdx>,
+}
+
+impl<'h> Iterator for Lineage<'h> {
+    type Item = (AgentIdx, &'h AgentNode);
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        let idx = self.next?;
+        let node = self.hierarchy.node(idx)?;
+        self.next = node.parent;
+        Some((idx, node))
+    }
+}

@@ -1,0 +1,773 @@
+//! Memory records with provenance, and the rules that read and write them.
+//!
+//! Reading and writing use different addressing on purpose (the lab
+//! document's central rule):
+//!
+//! - a **read** walks from the reader toward the root and resolves the key
+//!   along that lineage ([`resolve`]);
+//! - a **write** names an exact owner scope and is permitted only to that
+//!   owner ([`check_write`]), optionally as a compare-and-set on the revision
+//!   ([`apply_put`], which a store runs inside its transaction).
+//!
+//! Record classes change how a key resolves:
+//!
+//! - `preference`: the nearest record on the lineage wins (shadowing allowed);
+//!   if it is not visible to the reader the read is denied, it does not skip
+//!   to a farther record.
+//! - `policy`: mandatory. If any visible record on the lineage is of class
+//!   `policy`, every visible `policy` record is combined with the combinator
+//!   of the root-most one, and records of other classes at that key are
+//!   ignored, so a descendant can neither shadow nor loosen the value.
+//! - `secret`: never resolved through the hierarchy: visible only to its
+//!   owner and to agents named in its grants.
+//! - `task`: private temporary state with an optional expiry.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::decision::{Reason, reasons};
+use crate::ids::{AgentId, Key, Namespace};
+use crate::time::Timestamp;
+
+/// Who besides the owner may read a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Visibility {
+    /// The owner only.
+    #[default]
+    Private,
+    /// The owner and its direct children.
+    Children,
+    /// The owner and all its descendants.
+    Descendants,
+}
+
+impl Visibility {
+    /// The snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Visibility::Private => "private",
+            Visibility::Children => "children",
+            Visibility::Descendants => "descendants",
+        }
+    }
+
+    /// Parse the snake_case name.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "private" => Some(Self::Private),
+            "children" => Some(Self::Children),
+            "descendants" => Some(Self::Descendants),
+            _ => None,
+        }
+    }
+}
+
+/// How `policy` records along a lineage combine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Combinator {
+    /// Booleans: true only if every level says true.
+    All,
+    /// Booleans: true if any level says true.
+    Any,
+    /// Numbers: the smallest.
+    Min,
+    /// Numbers: the largest.
+    Max,
+    /// Arrays: the elements every level lists.
+    Intersection,
+}
+
+impl Combinator {
+    /// The snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Combinator::All => "all",
+            Combinator::Any => "any",
+            Combinator::Min => "min",
+            Combinator::Max => "max",
+            Combinator::Intersection => "intersection",
+        }
+    }
+
+    /// Parse the snake_case name.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "all" => Some(Self::All),
+            "any" => Some(Self::Any),
+            "min" => Some(Self::Min),
+            "max" => Some(Self::Max),
+            "intersection" => Some(Self::Intersection),
+            _ => None,
+        }
+    }
+
+    /// Whether `value` has the type this combinator combines.
+    pub fn accepts(self, value: &Value) -> bool {
+        match self {
+            Combinator::All | Combinator::Any => value.is_boolean(),
+            Combinator::Min | Combinator::Max => value.is_number(),
+            Combinator::Intersection => value.is_array(),
+        }
+    }
+}
+
+/// A record's class and the data only that class has.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(tag = "class", rename_all = "snake_case")]
+pub enum RecordClass {
+    /// Nearest-visible resolution.
+    #[default]
+    Preference,
+    /// Mandatory, combined along the lineage.
+    Policy {
+        /// How the levels combine.
+        combine: Combinator,
+    },
+    /// Never resolved through the hierarchy.
+    Secret {
+        /// Agents besides the owner that may read it.
+        #[serde(default)]
+        grants: Vec<AgentId>,
+    },
+    /// Private temporary state.
+    Task {
+        /// When it stops resolving.
+        #[serde(default)]
+        expires_at: Option<Timestamp>,
+    },
+}
+
+impl RecordClass {
+    /// The class name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            RecordClass::Preference => "preference",
+            RecordClass::Policy { .. } => "policy",
+            RecordClass::Secret { .. } => "secret",
+            RecordClass::Task { .. } => "task",
+        }
+    }
+}
+
+/// One stored memory record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryRecord {
+    /// Namespace.
+    pub namespace: Namespace,
+    /// Key within the namespace.
+    pub key: Key,
+    /// The value.
+    pub value: Value,
+    /// The only agent that may write or delete it.
+    pub owner: AgentId,
+    /// Who else may read it.
+    pub visibility: Visibility,
+    /// Its class.
+    #[serde(flatten)]
+    pub class: RecordClass,
+    /// 1 on create, +1 per write.
+    pub revision: u64,
+    /// When it was created.
+    pub created_at: Timestamp,
+    /// When it was last written.
+    pub updated_at: Timestamp,
+}
+
+impl MemoryRecord {
+    /// The resource name used in decisions: `namespace.key`.
+    pub fn resource(&self) -> String {
+        format!("{}.{}", self.namespace, self.key)
+    }
+
+    fn expired(&self, now: Timestamp) -> bool {
+        matches!(self.class, RecordClass::Task { expires_at: Some(t) } if t <= now)
+    }
+}
+
+/// One record that contributed to a combined `policy` value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Contributor {
+    /// Its owner.
+    pub owner_agent_id: AgentId,
+    /// Its revision.
+    pub revision: u64,
+    /// Its own value.
+    pub value: Value,
+}
+
+/// The outcome of a read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolution<'r> {
+    /// A single record was resolved; it keeps its owner.
+    Found {
+        /// The record.
+        record: &'r MemoryRecord,
+        /// `visible_from:<owner>` or `secret_granted`.
+        reason: Reason,
+    },
+    /// A `policy` value combined from every visible level.
+    Combined {
+        /// The combined value.
+        value: Value,
+        /// The governing combinator (the root-most record's).
+        combinator: Combinator,
+        /// Every contributing record, nearest first.
+        contributors: Vec<Contributor>,
+        /// `combined_from:<owners joined by +>`.
+        reason: Reason,
+    },
+    /// A record exists but the reader may not see it, or it cannot be used.
+    Denied {
+        /// Why.
+        reason: Reason,
+    },
+    /// No record on the lineage.
+    NotFound,
+}
+
+fn visible(record: &MemoryRecord, reader: &AgentId, position: usize) -> bool {
+    if position == 0 || &record.owner == reader {
+        return true;
+    }
+    match &record.class {
+        RecordClass::Secret { grants } => grants.iter().any(|g| g == reader),
+        RecordClass::Task { .. } => false,
+        RecordClass::Preference | RecordClass::Policy { .. } => match record.visibility {
+            Visibility::Private => false,
+            Visibility::Children => position == 1,
+            Visibility::Descendants => true,
+        },
+    }
+}
+
+/// Resolve a key for `reader`.
+///
+/// `lineage` yields the reader and its ancestors, nearest first (the reader
+/// itself at position 0). `lookup(owner)` returns that owner's record for the
+/// key being read, if any. Cost is one lookup per lineage level: linear in
+/// depth, independent of how many agents or records exist.
+pub fn resolve<'a, 'r>(
+    reader: &AgentId,
+    lineage: impl IntoIterator<Item = &'a AgentId>,
+    mut lookup: impl FnMut(&AgentId) -> Option<&'r MemoryRecord>,
+    now: Timestamp,
+) -> Resolution<'r> {
+    // Records found on the lineage, nearest first, with their position.
+    let mut found: Vec<(usize, &'r MemoryRecord)> = Vec::new();
+    let mut expired_own = false;
+    for (position, owner) in lineage.into_iter().enumerate() {
+        if let Some(record) = lookup(owner) {
+            if record.expired(now) {
+                expired_own |= position == 0;
+                continue;
+            }
+            found.push((position, record));
+        }
+    }
+
+    let policy_levels: Vec<(usize, &'r MemoryRecord)> = found
+        .iter()
+        .copied()
+        .filter(|(pos, r)| {
+            matches!(r.class, RecordClass::Policy { .. }) && visible(r, reader, *pos)
+        })
+        .collect();
+    if !policy_levels.is_empty() {
+        return combine(policy_levels);
+    }
+
+    match found.first() {
+        Some((pos, record)) if visible(record, reader, *pos) => {
+            let reason = match record.class {
+                RecordClass::Secret { .. } if *pos > 0 => reasons::SECRET_GRANTED,
+                _ => Reason::with_param(reasons::VISIBLE_FROM, record.owner.as_str()),
+            };
+            Resolution::Found { record, reason }
+        }
+        Some((_, record)) => Resolution::Denied {
+            reason: Reason::with_param(reasons::NOT_VISIBLE_FROM, record.owner.as_str()),
+        },
+        None if expired_own => Resolution::Denied {
+            reason: reasons::RECORD_EXPIRED,
+        },
+        None => Resolution::NotFound,
+    }
+}
+
+/// Reason for a `policy` record whose value does not fit the governing
+/// combinator; the read fails closed.
+pub const POLICY_TYPE_MISMATCH: &str = "policy_type_mismatch";
+
+fn combine<'r>(levels: Vec<(usize, &'r MemoryRecord)>) -> Resolution<'r> {
+    let Some(governing) = levels.last().and_then(|(_, r)| match r.class {
+        RecordClass::Policy { combine } => Some(combine),
+        _ => None,
+    }) else {
+        return Resolution::NotFound;
+    };
+    // Root-most first, so `intersection` keeps the root's element order.
+    let mut acc: Option<Value> = None;
+    for (_, record) in levels.iter().rev() {
+        let v = &record.value;
+        if !governing.accepts(v) {
+            return Resolution::Denied {
+                reason: Reason::with_param(POLICY_TYPE_MISMATCH, record.owner.as_str()),
+            };
+        }
+        acc = Some(match acc {
+            None => v.clone(),
+            Some(a) => combine_two(governing, a, v),
+        });
+    }
+    let value = acc.unwrap_or(Value::Null);
+    let owners: Vec<&str> = levels.iter().map(|(_, r)| r.owner.as_str()).collect();
+    let contributors = levels
+        .iter()
+        .map(|(_, r)| Contributor {
+            owner_agent_id: r.owner.clone(),
+            revision: r.revision,
+            value: r.value.clone(),
+        })
+        .collect();
+    Resolution::Combined {
+        value,
+        combinator: governing,
+        contributors,
+        reason: Reason::with_param(reasons::COMBINED_FROM, &owners.join("+")),
+    }
+}
+
+fn combine_two(c: Combinator, a: Value, b: &Value) -> Value {
+    match c {
+        Combinator::All => Value::Bool(a.as_bool() == Some(true) && b.as_bool() == Some(true)),
+        Combinator::Any => Value::Bool(a.as_bool() == Some(true) || b.as_bool() == Some(true)),
+        Combinator::Min | Combinator::Max => {
+            let keep_b = match (a.as_f64(), b.as_f64()) {
+                (Some(x), Some(y)) => match (a.as_i64(), b.as_i64()) {
+                    (Some(i), Some(j)) => {
+                        if c == Combinator::Min {
+                            j < i
+                        } else {
+                            j > i
+                        }
+                    }
+                    _ => {
+                        if c == Combinator::Min {
+                            y < x
+                        } else {
+                            y > x
+                        }
+                    }
+                },
+                _ => false,
+            };
+            if keep_b { b.clone() } else { a }
+        }
+        Combinator::Intersection => match (a, b.as_array()) {
+            (Value::Array(xs), Some(ys)) => {
+                Value::Array(xs.into_iter().filter(|x| ys.contains(x)).collect())
+            }
+            (other, _) => other,
+        },
+    }
+}
+
+/// A write (create or update) of one record, as an owner asks for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Put {
+    /// The owner scope the write names (must be the actor).
+    pub owner: AgentId,
+    /// Namespace.
+    pub namespace: Namespace,
+    /// Key.
+    pub key: Key,
+    /// New value.
+    pub value: Value,
+    /// Compare-and-set: `Some(0)` means "must not exist yet", `Some(n)` means
+    /// "must be at revision n", `None` writes unconditionally.
+    pub expected_revision: Option<u64>,
+    /// New visibility; `None` keeps the current one (private on create).
+    pub visibility: Option<Visibility>,
+    /// New class; `None` keeps the current one (preference on create).
+    pub class: Option<RecordClass>,
+}
+
+/// Why a put could not be applied to the current state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutRejection {
+    /// The revision did not match (`current` is `None` if there is no record).
+    Conflict {
+        /// The stored revision, if a record exists.
+        current: Option<u64>,
+    },
+}
+
+/// Reason for a record that is invalid for its class.
+pub const INVALID_RECORD: &str = "invalid_record";
+
+/// Check a write's authorisation and shape before touching storage.
+///
+/// Only the owner writes its records; the value must fit the class (a
+/// `policy` value must fit its combinator; secrets and task state are
+/// private). Returns the denial reason, if any.
+pub fn check_write(actor: &AgentId, put: &Put) -> Result<(), Reason> {
+    if &put.owner != actor {
+        return Err(reasons::ACTOR_IS_NOT_OWNER);
+    }
+    if let Some(class) = &put.class {
+        check_class(class, put.visibility, &put.value)?;
+    }
+    Ok(())
+}
+
+fn check_class(
+    class: &RecordClass,
+    visibility: Option<Visibility>,
+    value: &Value,
+) -> Result<(), Reason> {
+    match class {
+        RecordClass::Policy { combine } if !combine.accepts(value) => Err(Reason::with_param(
+            INVALID_RECORD,
+            "policy_value_does_not_fit_combinator",
+        )),
+        RecordClass::Secret { .. } | RecordClass::Task { .. }
+            if visibility.is_some_and(|v| v != Visibility::Private) =>
+        {
+            Err(Reason::with_param(INVALID_RECORD, "class_is_private_only"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Compute the record a put produces from the current one, or reject it.
+///
+/// Stores call this inside the transaction that holds the current row, so
+/// the compare and the mutation are one atomic step.
+pub fn apply_put(
+    current: Option<&MemoryRecord>,
+    put: &Put,
+    now: Timestamp,
+) -> Result<MemoryRecord, PutRejection> {
+    match (current, put.expected_revision) {
+        (None, Some(n)) if n != 0 => return Err(PutRejection::Conflict { current: None }),
+        (Some(c), Some(n)) if c.revision != n => {
+            return Err(PutRejection::Conflict {
+                current: Some(c.revision),
+            });
+        }
+        _ => {}
+    }
+    Ok(match current {
+        None => MemoryRecord {
+            namespace: put.namespace.clone(),
+            key: put.key.clone(),
+            value: put.value.clone(),
+            owner: put.owner.clone(),
+            visibility: put.visibility.unwrap_or_default(),
+            class: put.class.clone().unwrap_or_default(),
+            revision: 1,
+            created_at: now,
+            updated_at: now,
+        },
+        Some(c) => MemoryRecord {
+            namespace: c.namespace.clone(),
+            key: c.key.clone(),
+            value: put.value.clone(),
+            owner: c.owner.clone(),
+            visibility: put.visibility.unwrap_or(c.visibility),
+            class: put.class.clone().unwrap_or_else(|| c.class.clone()),
+            revision: c.revision.saturating_add(1),
+            created_at: c.created_at,
+            updated_at: now,
+        },
+    })
+}
+
+/// Check the record a put would produce against its class (a put that keeps
+/// the class of a `policy` record must still fit its combinator).
+pub fn check_result(record: &MemoryRecord) -> Result<(), Reason> {
+    check_class(&record.class, Some(record.visibility), &record.value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn id(s: &str) -> AgentId {
+        AgentId::parse(s).unwrap()
+    }
+
+    fn rec(owner: &str, value: Value, vis: Visibility, class: RecordClass) -> MemoryRecord {
+        MemoryRecord {
+            namespace: Namespace::parse("ns").unwrap(),
+            key: Key::parse("k").unwrap(),
+            value,
+            owner: id(owner),
+            visibility: vis,
+            class,
+            revision: 1,
+            created_at: Timestamp(0),
+            updated_at: Timestamp(0),
+        }
+    }
+
+    fn run<'r>(reader: &str, lineage: &[&str], records: &'r [MemoryRecord]) -> Resolution<'r> {
+        let ids: Vec<AgentId> = lineage.iter().map(|s| id(s)).collect();
+        resolve(
+            &id(reader),
+            ids.iter(),
+            |owner| records.iter().find(|r| &r.owner == owner),
+            Timestamp(100),
+        )
+    }
+
+    #[test]
+    fn nearest_visible_wins_and_keeps_owner() {
+        let records = vec![
+            rec(
+                "root",
+                json!("EU"),
+                Visibility::Descendants,
+                RecordClass::Preference,
+            ),
+            rec(
+                "mid",
+                json!("US"),
+                Visibility::Children,
+                RecordClass::Preference,
+            ),
+        ];
+        match run("leaf", &["leaf", "mid", "root"], &records) {
+            Resolution::Found { record, reason } => {
+                assert_eq!(record.owner.as_str(), "mid");
+                assert_eq!(reason.as_str(), "visible_from:mid");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn children_visibility_is_direct_children_only() {
+        let records = vec![rec(
+            "root",
+            json!(1),
+            Visibility::Children,
+            RecordClass::Preference,
+        )];
+        assert!(matches!(
+            run("mid", &["mid", "root"], &records),
+            Resolution::Found { .. }
+        ));
+        match run("leaf", &["leaf", "mid", "root"], &records) {
+            Resolution::Denied { reason } => assert_eq!(reason.as_str(), "not_visible_from:root"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn policy_cannot_be_shadowed_or_loosened() {
+        let records = vec![
+            rec(
+                "root",
+                json!(false),
+                Visibility::Descendants,
+                RecordClass::Policy {
+                    combine: Combinator::All,
+                },
+            ),
+            rec(
+                "leaf",
+                json!(true),
+                Visibility::Private,
+                RecordClass::Preference,
+            ),
+        ];
+        match run("leaf", &["leaf", "root"], &records) {
+            Resolution::Combined {
+                value,
+                contributors,
+                ..
+            } => {
+                assert_eq!(value, json!(false));
+                assert_eq!(contributors.len(), 1);
+                assert_eq!(contributors[0].owner_agent_id.as_str(), "root");
+            }
+            other => panic!("{other:?}"),
+        }
+        // A child's own policy record with a looser combinator is combined
+        // under the root's combinator.
+        let records = vec![
+            rec(
+                "root",
+                json!(false),
+                Visibility::Descendants,
+                RecordClass::Policy {
+                    combine: Combinator::All,
+                },
+            ),
+            rec(
+                "leaf",
+                json!(true),
+                Visibility::Private,
+                RecordClass::Policy {
+                    combine: Combinator::Any,
+                },
+            ),
+        ];
+        match run("leaf", &["leaf", "root"], &records) {
+            Resolution::Combined {
+                value,
+                combinator,
+                contributors,
+                reason,
+            } => {
+                assert_eq!(value, json!(false));
+                assert_eq!(combinator, Combinator::All);
+                assert_eq!(contributors.len(), 2);
+                assert_eq!(reason.as_str(), "combined_from:leaf+root");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn combinators() {
+        let p = |owner: &str, v: Value, c| {
+            rec(
+                owner,
+                v,
+                Visibility::Descendants,
+                RecordClass::Policy { combine: c },
+            )
+        };
+        let value = |records: &[MemoryRecord]| match run("b", &["b", "a"], records) {
+            Resolution::Combined { value, .. } => value,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            value(&[
+                p("a", json!(30), Combinator::Min),
+                p("b", json!(7), Combinator::Min)
+            ]),
+            json!(7)
+        );
+        assert_eq!(
+            value(&[
+                p("a", json!(30), Combinator::Min),
+                p("b", json!(90), Combinator::Min)
+            ]),
+            json!(30)
+        );
+        assert_eq!(
+            value(&[
+                p("a", json!(3.5), Combinator::Max),
+                p("b", json!(2), Combinator::Max)
+            ]),
+            json!(3.5)
+        );
+        assert_eq!(
+            value(&[
+                p("a", json!(["x", "y", "z"]), Combinator::Intersection),
+                p("b", json!(["z", "x", "w"]), Combinator::Intersection)
+            ]),
+            json!(["x", "z"])
+        );
+        assert_eq!(
+            value(&[
+                p("a", json!(false), Combinator::Any),
+                p("b", json!(true), Combinator::Any)
+            ]),
+            json!(true)
+        );
+        match run(
+            "b",
+            &["b", "a"],
+            &[
+                p("a", json!(1), Combinator::Min),
+                p("b", json!("x"), Combinator::Min),
+            ],
+        ) {
+            Resolution::Denied { reason } => assert_eq!(reason.as_str(), "policy_type_mismatch:b"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn secrets_are_owner_or_grant_only() {
+        let records = vec![rec(
+            "root",
+            json!("token"),
+            Visibility::Private,
+            RecordClass::Secret {
+                grants: vec![id("granted")],
+            },
+        )];
+        match run("mid", &["mid", "root"], &records) {
+            Resolution::Denied { reason } => assert_eq!(reason.as_str(), "not_visible_from:root"),
+            other => panic!("{other:?}"),
+        }
+        match run("granted", &["granted", "root"], &records) {
+            Resolution::Found { reason, .. } => assert_eq!(reason.as_str(), "secret_granted"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            run("root", &["root"], &records),
+            Resolution::Found { .. }
+        ));
+    }
+
+    #[test]
+    fn expired_task_state_does_not_resolve() {
+        let records = vec![rec(
+            "a",
+            json!(1),
+            Visibility::Private,
+            RecordClass::Task {
+                expires_at: Some(Timestamp(50)),
+            },
+        )];
+        match run("a", &["a"], &records) {
+            Resolution::Denied { reason } => assert_eq!(reason.as_str(), "record_expired"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn puts_check_owner_and_revision() {
+        let put = Put {
+            owner: id("a"),
+            namespace: Namespace::parse("ns").unwrap(),
+            key: Key::parse("k").unwrap(),
+            value: json!(1),
+            expected_revision: None,
+            visibility: None,
+            class: None,
+        };
+        assert_eq!(
+            check_write(&id("b"), &put),
+            Err(reasons::ACTOR_IS_NOT_OWNER)
+        );
+        assert_eq!(check_write(&id("a"), &put), Ok(()));
+        let created = apply_put(None, &put, Timestamp(1)).unwrap();
+        assert_eq!(created.revision, 1);
+        let stale = Put {
+            expected_revision: Some(5),
+            ..put.clone()
+        };
+        assert_eq!(
+            apply_put(Some(&created), &stale, Timestamp(2)),
+            Err(PutRejection::Conflict { current: Some(1) })
+        );
+        let create_only = Put {
+            expected_revision: Some(0),
+            ..put.clone()
+        };
+        assert!(apply_put(Some(&created), &create_only, Timestamp(2)).is_err());
+        let next = apply_put(Some(&created), &put, Timestamp(2)).unwrap();
+        assert_eq!(next.revision, 2);
+        assert_eq!(next.created_at, Timestamp(1));
+    }
+}
