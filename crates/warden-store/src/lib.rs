@@ -1,0 +1,204 @@
+//! # warden-store
+//!
+//! The one storage trait every Warden backend implements ([`Store`]), the
+//! records it stores, an in-memory implementation ([`MemoryStore`]) and the
+//! [`conformance`] suite that every backend must pass.
+//!
+//! Design rules every backend follows:
+//!
+//! - **A decision and the state change it describes commit together.** Every
+//!   mutating method takes the audit entries to append and commits them in
+//!   the same transaction as the change. Methods whose outcome is decided
+//!   inside the transaction (a compare-and-set, say) take an [`AuditFn`] that
+//!   turns the outcome into the entries to append, so a conflict is recorded
+//!   as a conflict and a write as a write, never one for the other.
+//! - **Compare-and-set is atomic** in the backend: the check of the revision
+//!   and the mutation are one statement or one serialised transaction.
+//! - **The audit log is a hash chain** (see `warden_core::audit`); the backend
+//!   assigns sequence numbers and links each entry to the previous one while
+//!   holding the write lock, so the chain has one total order.
+//! - **Acknowledged means durable**: a method that returned `Ok` has its
+//!   effect on stable storage (for the in-memory store: in memory).
+//!
+//! This crate depends on no database driver; backends live in their own
+//! crates.
+
+mod memory_store;
+mod records;
+
+pub mod conformance;
+
+use std::collections::BTreeSet;
+use std::future::Future;
+
+use warden_core::audit::{AuditDraft, AuditEntry, ChainHead, Digest};
+use warden_core::hierarchy::AgentStatus;
+use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
+use warden_core::memory::{MemoryRecord, Put};
+use warden_core::time::Timestamp;
+
+pub use memory_store::MemoryStore;
+pub use records::*;
+
+/// Turns the outcome of an operation decided inside a transaction into the
+/// audit entries committed with it.
+pub type AuditFn<T> = Box<dyn FnOnce(&T) -> Vec<AuditDraft> + Send>;
+
+/// Why a storage operation failed (as opposed to being denied: denials are
+/// outcomes, not errors).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// A unique key already exists (agent id, token, run id).
+    #[error("`{0}` already exists")]
+    Duplicate(String),
+    /// The row to change does not exist.
+    #[error("`{0}` not found")]
+    NotFound(String),
+    /// The database was written by a newer Warden.
+    #[error("database schema version {found} is newer than this build supports ({supported})")]
+    SchemaTooNew {
+        /// Version found in the database.
+        found: i64,
+        /// Newest version this build knows.
+        supported: i64,
+    },
+    /// The file is not a Warden database, or its contents are damaged.
+    #[error("not a usable warden database: {0}")]
+    Corrupt(String),
+    /// The database cannot be written.
+    #[error("database is read-only: {0}")]
+    ReadOnly(String),
+    /// Any other backend failure.
+    #[error("storage backend failed: {0}")]
+    Backend(String),
+}
+
+/// Storage for everything Warden decides about.
+///
+/// All methods are `async` and return `Send` futures so the server can call
+/// them from any task.
+pub trait Store: Send + Sync + 'static {
+    // ----- agents -----
+
+    /// Every registered agent, in registration order.
+    fn load_agents(&self) -> impl Future<Output = Result<Vec<StoredAgent>, StoreError>> + Send;
+
+    /// Register an agent. `Duplicate` if the id exists.
+    fn insert_agent(
+        &self,
+        agent: StoredAgent,
+        audit: Vec<AuditDraft>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Set the status of several agents (revocation of a subtree).
+    fn set_agent_status(
+        &self,
+        ids: Vec<AgentId>,
+        status: AgentStatus,
+        audit: Vec<AuditDraft>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Replace an agent's declared capabilities.
+    fn set_agent_capabilities(
+        &self,
+        id: AgentId,
+        capabilities: BTreeSet<ActionName>,
+        audit: Vec<AuditDraft>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    // ----- tokens -----
+
+    /// Store a token (its hash only). `Duplicate` if the hash or id exists.
+    fn insert_token(
+        &self,
+        token: TokenRecord,
+        audit: Vec<AuditDraft>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Find a token by the hash of its secret.
+    fn find_token(
+        &self,
+        hash: Digest,
+    ) -> impl Future<Output = Result<Option<TokenRecord>, StoreError>> + Send;
+
+    /// Revoke a token by id; `false` if there is no such (active) token.
+    fn revoke_token(
+        &self,
+        token_id: String,
+        audit: Vec<AuditDraft>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    // ----- memory -----
+
+    /// The records at `namespace.key` owned by any of `owners`.
+    fn get_records(
+        &self,
+        namespace: Namespace,
+        key: Key,
+        owners: Vec<AgentId>,
+    ) -> impl Future<Output = Result<Vec<MemoryRecord>, StoreError>> + Send;
+
+    /// Create or update one record with compare-and-set semantics (see
+    /// `warden_core::memory::apply_put`), atomically with its audit entries.
+    fn put_record(
+        &self,
+        put: Put,
+        now: Timestamp,
+        audit: AuditFn<PutOutcome>,
+    ) -> impl Future<Output = Result<PutOutcome, StoreError>> + Send;
+
+    /// Delete one record, optionally only at an expected revision.
+    fn delete_record(
+        &self,
+        delete: Delete,
+        audit: AuditFn<DeleteOutcome>,
+    ) -> impl Future<Output = Result<DeleteOutcome, StoreError>> + Send;
+
+    /// How many records and value bytes `owner` holds.
+    fn owner_usage(&self, owner: AgentId)
+    -> impl Future<Output = Result<Usage, StoreError>> + Send;
+
+    // ----- audit -----
+
+    /// Append entries (in order) to the chain; returns the new head.
+    fn append_audit(
+        &self,
+        drafts: Vec<AuditDraft>,
+    ) -> impl Future<Output = Result<ChainHead, StoreError>> + Send;
+
+    /// Up to `limit` entries with `seq > after`, ascending.
+    fn audit_page(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<AuditEntry>, StoreError>> + Send;
+
+    /// The chain's current head (count = number of entries).
+    fn audit_head(&self) -> impl Future<Output = Result<ChainHead, StoreError>> + Send;
+
+    // ----- runs -----
+
+    /// Create a run, or return the existing one with the same id (the caller
+    /// compares SOP hashes). Audit entries are appended only on creation.
+    fn create_run(
+        &self,
+        run: RunRecord,
+        audit: Vec<AuditDraft>,
+    ) -> impl Future<Output = Result<CreateRun, StoreError>> + Send;
+
+    /// A run with every recorded step outcome.
+    fn get_run(
+        &self,
+        run_id: RunId,
+    ) -> impl Future<Output = Result<Option<RunState>, StoreError>> + Send;
+
+    /// Record a step's outcome exactly once: a second call returns the first
+    /// outcome and appends nothing.
+    fn record_step(
+        &self,
+        run_id: RunId,
+        step_id: StepId,
+        outcome: StepOutcome,
+        audit: Vec<AuditDraft>,
+    ) -> impl Future<Output = Result<RecordStep, StoreError>> + Send;
+}

@@ -1,0 +1,334 @@
+//! The in-memory store: the reference implementation of [`Store`], used by
+//! tests, `warden demo`, `warden check` and embedding programs that need no
+//! persistence.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Mutex, MutexGuard};
+
+use warden_core::audit::{AuditDraft, AuditEntry, ChainHead, Digest};
+use warden_core::hierarchy::AgentStatus;
+use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
+use warden_core::memory::{MemoryRecord, Put, PutRejection, apply_put, check_result};
+use warden_core::time::Timestamp;
+
+use crate::{
+    AuditFn, CreateRun, Delete, DeleteOutcome, PutOutcome, RecordStep, RunRecord, RunState,
+    StepOutcome, Store, StoreError, StoredAgent, TokenRecord, Usage,
+};
+
+type RecordKey = (AgentId, Namespace, Key);
+
+#[derive(Debug, Default)]
+struct Inner {
+    agents: Vec<StoredAgent>,
+    agent_index: HashMap<AgentId, usize>,
+    tokens: Vec<TokenRecord>,
+    records: HashMap<RecordKey, MemoryRecord>,
+    audit: Vec<AuditEntry>,
+    runs: HashMap<RunId, RunState>,
+}
+
+impl Inner {
+    fn head(&self) -> ChainHead {
+        match self.audit.last() {
+            Some(e) => ChainHead {
+                count: self.audit.len() as u64,
+                seq: e.seq,
+                hash: e.hash,
+            },
+            None => ChainHead {
+                count: 0,
+                seq: 0,
+                hash: Digest::GENESIS,
+            },
+        }
+    }
+
+    fn append(&mut self, drafts: Vec<AuditDraft>) -> ChainHead {
+        let mut head = self.head();
+        for draft in drafts {
+            let entry = draft.seal(head.seq + 1, head.hash);
+            head = ChainHead {
+                count: head.count + 1,
+                seq: entry.seq,
+                hash: entry.hash,
+            };
+            self.audit.push(entry);
+        }
+        head
+    }
+}
+
+/// A [`Store`] that keeps everything in process memory.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    inner: Mutex<Inner>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, Inner>, StoreError> {
+        self.inner
+            .lock()
+            .map_err(|_| StoreError::Backend("in-memory store lock poisoned".into()))
+    }
+
+    /// Direct access to the stored audit entries, for tests that tamper
+    /// with them.
+    pub fn with_audit_mut<R>(&self, f: impl FnOnce(&mut Vec<AuditEntry>) -> R) -> Option<R> {
+        self.inner.lock().ok().map(|mut g| f(&mut g.audit))
+    }
+}
+
+impl Store for MemoryStore {
+    async fn load_agents(&self) -> Result<Vec<StoredAgent>, StoreError> {
+        Ok(self.lock()?.agents.clone())
+    }
+
+    async fn insert_agent(
+        &self,
+        agent: StoredAgent,
+        audit: Vec<AuditDraft>,
+    ) -> Result<(), StoreError> {
+        let mut g = self.lock()?;
+        if g.agent_index.contains_key(&agent.id) {
+            return Err(StoreError::Duplicate(agent.id.to_string()));
+        }
+        let at = g.agents.len();
+        g.agent_index.insert(agent.id.clone(), at);
+        g.agents.push(agent);
+        g.append(audit);
+        Ok(())
+    }
+
+    async fn set_agent_status(
+        &self,
+        ids: Vec<AgentId>,
+        status: AgentStatus,
+        audit: Vec<AuditDraft>,
+    ) -> Result<(), StoreError> {
+        let mut g = self.lock()?;
+        let mut positions = Vec::with_capacity(ids.len());
+        for id in &ids {
+            let at = g
+                .agent_index
+                .get(id)
+                .copied()
+                .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+            positions.push(at);
+        }
+        for at in positions {
+            if let Some(a) = g.agents.get_mut(at) {
+                a.status = status;
+            }
+        }
+        g.append(audit);
+        Ok(())
+    }
+
+    async fn set_agent_capabilities(
+        &self,
+        id: AgentId,
+        capabilities: BTreeSet<ActionName>,
+        audit: Vec<AuditDraft>,
+    ) -> Result<(), StoreError> {
+        let mut g = self.lock()?;
+        let at = g
+            .agent_index
+            .get(&id)
+            .copied()
+            .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        if let Some(a) = g.agents.get_mut(at) {
+            a.capabilities = capabilities;
+        }
+        g.append(audit);
+        Ok(())
+    }
+
+    async fn insert_token(
+        &self,
+        token: TokenRecord,
+        audit: Vec<AuditDraft>,
+    ) -> Result<(), StoreError> {
+        let mut g = self.lock()?;
+        if g.tokens
+            .iter()
+            .any(|t| t.hash == token.hash || t.token_id == token.token_id)
+        {
+            return Err(StoreError::Duplicate(token.token_id));
+        }
+        g.tokens.push(token);
+        g.append(audit);
+        Ok(())
+    }
+
+    async fn find_token(&self, hash: Digest) -> Result<Option<TokenRecord>, StoreError> {
+        Ok(self.lock()?.tokens.iter().find(|t| t.hash == hash).cloned())
+    }
+
+    async fn revoke_token(
+        &self,
+        token_id: String,
+        audit: Vec<AuditDraft>,
+    ) -> Result<bool, StoreError> {
+        let mut g = self.lock()?;
+        let Some(t) = g
+            .tokens
+            .iter_mut()
+            .find(|t| t.token_id == token_id && !t.revoked)
+        else {
+            return Ok(false);
+        };
+        t.revoked = true;
+        g.append(audit);
+        Ok(true)
+    }
+
+    async fn get_records(
+        &self,
+        namespace: Namespace,
+        key: Key,
+        owners: Vec<AgentId>,
+    ) -> Result<Vec<MemoryRecord>, StoreError> {
+        let g = self.lock()?;
+        let mut out = Vec::new();
+        for owner in owners {
+            if let Some(r) = g.records.get(&(owner, namespace.clone(), key.clone())) {
+                out.push(r.clone());
+            }
+        }
+        Ok(out)
+    }
+
+    async fn put_record(
+        &self,
+        put: Put,
+        now: Timestamp,
+        audit: AuditFn<PutOutcome>,
+    ) -> Result<PutOutcome, StoreError> {
+        let mut g = self.lock()?;
+        let k = (put.owner.clone(), put.namespace.clone(), put.key.clone());
+        let current = g.records.get(&k);
+        let outcome = match apply_put(current, &put, now) {
+            Err(PutRejection::Conflict { current }) => PutOutcome::Conflict { current },
+            Ok(record) => match check_result(&record) {
+                Err(reason) => PutOutcome::Rejected {
+                    reason: reason.to_string(),
+                },
+                Ok(()) => PutOutcome::Written {
+                    created: record.revision == 1,
+                    record,
+                },
+            },
+        };
+        if let PutOutcome::Written { record, .. } = &outcome {
+            g.records.insert(k, record.clone());
+        }
+        let drafts = audit(&outcome);
+        g.append(drafts);
+        Ok(outcome)
+    }
+
+    async fn delete_record(
+        &self,
+        delete: Delete,
+        audit: AuditFn<DeleteOutcome>,
+    ) -> Result<DeleteOutcome, StoreError> {
+        let mut g = self.lock()?;
+        let k = (delete.owner, delete.namespace, delete.key);
+        let outcome = match g.records.get(&k) {
+            None => DeleteOutcome::NotFound,
+            Some(r) if delete.expected_revision.is_some_and(|e| e != r.revision) => {
+                DeleteOutcome::Conflict {
+                    current: r.revision,
+                }
+            }
+            Some(r) => DeleteOutcome::Deleted {
+                revision: r.revision,
+            },
+        };
+        if matches!(outcome, DeleteOutcome::Deleted { .. }) {
+            g.records.remove(&k);
+        }
+        let drafts = audit(&outcome);
+        g.append(drafts);
+        Ok(outcome)
+    }
+
+    async fn owner_usage(&self, owner: AgentId) -> Result<Usage, StoreError> {
+        let g = self.lock()?;
+        let mut usage = Usage::default();
+        for ((o, _, _), r) in g.records.iter() {
+            if o == &owner {
+                usage.records += 1;
+                usage.bytes += serde_json::to_string(&r.value).map_or(0, |s| s.len() as u64);
+            }
+        }
+        Ok(usage)
+    }
+
+    async fn append_audit(&self, drafts: Vec<AuditDraft>) -> Result<ChainHead, StoreError> {
+        Ok(self.lock()?.append(drafts))
+    }
+
+    async fn audit_page(&self, after: u64, limit: usize) -> Result<Vec<AuditEntry>, StoreError> {
+        let g = self.lock()?;
+        let start = g.audit.partition_point(|e| e.seq <= after);
+        Ok(g.audit.iter().skip(start).take(limit).cloned().collect())
+    }
+
+    async fn audit_head(&self) -> Result<ChainHead, StoreError> {
+        Ok(self.lock()?.head())
+    }
+
+    async fn create_run(
+        &self,
+        run: RunRecord,
+        audit: Vec<AuditDraft>,
+    ) -> Result<CreateRun, StoreError> {
+        let mut g = self.lock()?;
+        if let Some(existing) = g.runs.get(&run.run_id) {
+            return Ok(CreateRun::Existing(Box::new(existing.clone())));
+        }
+        g.runs.insert(
+            run.run_id.clone(),
+            RunState {
+                run,
+                outcomes: Default::default(),
+            },
+        );
+        g.append(audit);
+        Ok(CreateRun::Created)
+    }
+
+    async fn get_run(&self, run_id: RunId) -> Result<Option<RunState>, StoreError> {
+        Ok(self.lock()?.runs.get(&run_id).cloned())
+    }
+
+    async fn record_step(
+        &self,
+        run_id: RunId,
+        step_id: StepId,
+        outcome: StepOutcome,
+        audit: Vec<AuditDraft>,
+    ) -> Result<RecordStep, StoreError> {
+        let mut g = self.lock()?;
+        let run = g
+            .runs
+            .get_mut(&run_id)
+            .ok_or_else(|| StoreError::NotFound(run_id.to_string()))?;
+        if !run.run.steps.iter().any(|s| s.step_id == step_id) {
+            return Err(StoreError::NotFound(format!("{run_id}/{step_id}")));
+        }
+        if let Some(existing) = run.outcomes.get(&step_id) {
+            return Ok(RecordStep::AlreadyRecorded(existing.clone()));
+        }
+        run.outcomes.insert(step_id, outcome);
+        g.append(audit);
+        Ok(RecordStep::Recorded)
+    }
+}

@@ -1,0 +1,219 @@
+//! The records a [`Store`](crate::Store) keeps, beyond the core's own types.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use warden_core::audit::Digest;
+use warden_core::hierarchy::{AgentSpec, AgentStatus};
+use warden_core::ids::{ActionName, AgentId, Key, Label, Namespace, RunId, StepId};
+use warden_core::memory::MemoryRecord;
+use warden_core::time::Timestamp;
+
+/// A registered agent as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredAgent {
+    /// Its id.
+    pub id: AgentId,
+    /// Its parent.
+    pub parent: Option<AgentId>,
+    /// Declared capabilities.
+    pub capabilities: BTreeSet<ActionName>,
+    /// Tool names it was registered with (delegation lockdown checks them).
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// The (sanitised) config it was registered with.
+    #[serde(default)]
+    pub config: Option<Value>,
+    /// Active or revoked.
+    pub status: AgentStatus,
+    /// When it was registered.
+    pub created_at: Timestamp,
+}
+
+impl StoredAgent {
+    /// The hierarchy-facing part.
+    pub fn spec(&self) -> AgentSpec {
+        AgentSpec {
+            id: self.id.clone(),
+            parent: self.parent.clone(),
+            capabilities: self.capabilities.clone(),
+        }
+    }
+}
+
+/// Whom a token authenticates.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "agent_id", rename_all = "snake_case")]
+pub enum TokenSubject {
+    /// The operator (the orchestrator).
+    Operator,
+    /// One agent.
+    Agent(AgentId),
+}
+
+/// A bearer token; only the SHA-256 of its secret is stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenRecord {
+    /// Public id of the token (for listing and revocation).
+    pub token_id: String,
+    /// SHA-256 of the secret.
+    pub hash: Digest,
+    /// Whom it authenticates.
+    pub subject: TokenSubject,
+    /// When it was issued.
+    pub created_at: Timestamp,
+    /// Whether it was revoked.
+    pub revoked: bool,
+}
+
+/// Outcome of a put.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum PutOutcome {
+    /// Stored; the new record.
+    Written {
+        /// The record as stored.
+        record: MemoryRecord,
+        /// Whether it was created (revision 1) rather than updated.
+        created: bool,
+    },
+    /// The expected revision did not match; nothing changed.
+    Conflict {
+        /// The stored revision, if a record exists.
+        current: Option<u64>,
+    },
+    /// The resulting record would be invalid for its class; nothing changed.
+    Rejected {
+        /// The reason code.
+        reason: String,
+    },
+}
+
+/// A delete request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delete {
+    /// Owner scope (already checked to be the actor).
+    pub owner: AgentId,
+    /// Namespace.
+    pub namespace: Namespace,
+    /// Key.
+    pub key: Key,
+    /// Delete only at this revision.
+    pub expected_revision: Option<u64>,
+}
+
+/// Outcome of a delete.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum DeleteOutcome {
+    /// Deleted; the revision it had.
+    Deleted {
+        /// Revision of the deleted record.
+        revision: u64,
+    },
+    /// No such record.
+    NotFound,
+    /// The expected revision did not match; nothing changed.
+    Conflict {
+        /// The stored revision.
+        current: u64,
+    },
+}
+
+/// What an owner holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Number of records.
+    pub records: u64,
+    /// Bytes of JSON values.
+    pub bytes: u64,
+}
+
+/// One step of an admitted run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunStep {
+    /// Step id.
+    pub step_id: StepId,
+    /// Its action.
+    pub action: ActionName,
+    /// Stable operation id: the idempotency key of the step's effect.
+    pub operation_id: String,
+}
+
+/// An admitted run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// Run id (client-suppliable idempotency key).
+    pub run_id: RunId,
+    /// The agent that admitted it.
+    pub agent: AgentId,
+    /// SHA-256 of the SOP's canonical JSON; a reused run id must match.
+    pub sop_hash: Digest,
+    /// The SOP as admitted (canonical JSON value).
+    pub sop: Value,
+    /// Its steps in order.
+    pub steps: Vec<RunStep>,
+    /// Policy version it was admitted under.
+    pub policy_version: String,
+    /// When it was admitted.
+    pub created_at: Timestamp,
+}
+
+/// How a step ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepStatus {
+    /// The effect happened; the result is recorded.
+    Completed,
+    /// The handler failed; the run stops here.
+    Failed,
+    /// The gate refused it mid-run (accumulated context, revocation); the
+    /// run stops here.
+    Denied,
+}
+
+/// The recorded outcome of one step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepOutcome {
+    /// How it ended.
+    pub status: StepStatus,
+    /// The handler's result.
+    #[serde(default)]
+    pub result: Option<Value>,
+    /// The error message, for a failed step.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// Labels the result carried.
+    #[serde(default)]
+    pub labels: Vec<Label>,
+    /// When it was recorded.
+    pub recorded_at: Timestamp,
+}
+
+/// A run with its recorded outcomes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunState {
+    /// The run.
+    pub run: RunRecord,
+    /// Outcomes by step id.
+    pub outcomes: BTreeMap<StepId, StepOutcome>,
+}
+
+/// Outcome of [`Store::create_run`](crate::Store::create_run).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreateRun {
+    /// A new run.
+    Created,
+    /// A run with this id already exists.
+    Existing(Box<RunState>),
+}
+
+/// Outcome of [`Store::record_step`](crate::Store::record_step).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordStep {
+    /// This outcome is now recorded.
+    Recorded,
+    /// An outcome was recorded before; here it is, unchanged.
+    AlreadyRecorded(StepOutcome),
+}
