@@ -26,7 +26,7 @@ use crate::decision::{Decision, Verdict};
 use crate::time::Timestamp;
 
 /// The subject recorded for operations the operator (not an agent) performs.
-pub const OPERATOR_SUBJECT: &str = "@operator";
+pub const OPERATOR_SUBJECT: &str = crate::decision::Subject::OPERATOR;
 
 /// A SHA-256 digest.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]

@@ -79,6 +79,11 @@ impl Reason {
         &self.0
     }
 
+    /// A code from an owned string (as read back from storage).
+    pub fn from_string(code: String) -> Self {
+        Self(Cow::Owned(code))
+    }
+
     /// The part before the first colon (the code without its parameter).
     pub fn kind(&self) -> &str {
         self.0.split(':').next().unwrap_or("")
@@ -170,6 +175,63 @@ pub enum Obligation {
     },
 }
 
+/// Who a decision is about: the operator or an agent. The subject is always
+/// the runtime identity of the caller, never a field of a payload.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Subject {
+    /// The operator (the orchestrator holding the operator token).
+    Operator,
+    /// An agent.
+    Agent(AgentId),
+}
+
+impl Subject {
+    /// The operator's subject string in the decision log.
+    pub const OPERATOR: &'static str = "@operator";
+
+    /// The agent, if the subject is one.
+    pub fn agent(&self) -> Option<&AgentId> {
+        match self {
+            Subject::Operator => None,
+            Subject::Agent(a) => Some(a),
+        }
+    }
+}
+
+impl From<AgentId> for Subject {
+    fn from(a: AgentId) -> Self {
+        Subject::Agent(a)
+    }
+}
+
+impl fmt::Display for Subject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Subject::Operator => f.write_str(Self::OPERATOR),
+            Subject::Agent(a) => f.write_str(a.as_str()),
+        }
+    }
+}
+
+impl Serialize for Subject {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Subject {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <Cow<'de, str>>::deserialize(d)?;
+        if s == Self::OPERATOR {
+            Ok(Subject::Operator)
+        } else {
+            AgentId::parse(&s)
+                .map(Subject::Agent)
+                .map_err(serde::de::Error::custom)
+        }
+    }
+}
+
 /// One governance decision.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Decision {
@@ -177,8 +239,8 @@ pub struct Decision {
     pub verdict: Verdict,
     /// Stable reason code.
     pub reason: Reason,
-    /// The acting agent (always the runtime identity, never a payload field).
-    pub subject: AgentId,
+    /// The caller (always the runtime identity, never a payload field).
+    pub subject: Subject,
     /// What was attempted: an action name (`memory.read`) or a governance
     /// operation (`sop.validate`, `agent.register`, ...).
     pub operation: String,

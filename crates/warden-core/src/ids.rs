@@ -1,7 +1,7 @@
 //! Identifiers that can only be built valid.
 //!
 //! Every name that crosses Warden's boundary (agent ids, action names, memory
-//! namespaces and keys, SOP and step ids, run ids, labels) is an [`Identifier`]
+//! namespaces and keys, SOP and step ids, run ids, labels) is an identifier
 //! underneath: 1 to [`MAX_IDENTIFIER_LEN`] bytes from `[A-Za-z0-9._:-]`.
 //! Parsing happens once at the edge; past it, an `AgentId` is known to be
 //! well formed and comparisons are plain string comparisons.

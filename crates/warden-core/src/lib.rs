@@ -20,6 +20,7 @@
 #![cfg_attr(not(test), warn(missing_docs))]
 
 pub mod audit;
+pub mod bundle;
 pub mod canonical;
 pub mod capability;
 pub mod catalogue;
@@ -29,5 +30,6 @@ pub mod hierarchy;
 pub mod ids;
 pub mod lockdown;
 pub mod memory;
+pub mod preflight;
 pub mod sop;
 pub mod time;

@@ -30,7 +30,9 @@ use crate::ids::{AgentId, Key, Namespace};
 use crate::time::Timestamp;
 
 /// Who besides the owner may read a record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Visibility {
     /// The owner only.
@@ -64,7 +66,7 @@ impl Visibility {
 }
 
 /// How `policy` records along a lineage combine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Combinator {
     /// Booleans: true only if every level says true.

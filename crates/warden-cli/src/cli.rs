@@ -1,0 +1,71 @@
+//! Command-line parsing and dispatch.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// The bundled example policy (the lab document's report hierarchy).
+pub const EXAMPLE_POLICY: &str = include_str!("../../../examples/report-hierarchy/policy.yaml");
+
+/// Warden: a governance engine for hierarchical AI agents.
+#[derive(Debug, Parser)]
+#[command(name = "warden", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the lab document's report-production scenario and print each
+    /// acceptance criterion with its evidence.
+    Demo,
+    /// Preflight an SOP offline: exit 0 admitted, 1 rejected, 2 bad input.
+    Check {
+        /// Policy bundle (YAML or JSON).
+        #[arg(long)]
+        policy: PathBuf,
+        /// The acting agent (declared in the bundle).
+        #[arg(long)]
+        agent: String,
+        /// The SOP file (JSON).
+        sop: PathBuf,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Policy bundle tools.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum PolicyCommand {
+    /// Validate a bundle; exit 1 listing every located problem.
+    Lint {
+        /// The bundle.
+        file: PathBuf,
+    },
+    /// Print the bundle's JSON Schema.
+    Schema,
+}
+
+/// Run a parsed command line.
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Demo => crate::demo::run(),
+        Command::Check {
+            policy,
+            agent,
+            sop,
+            json,
+        } => crate::check::run(&policy, &agent, &sop, json),
+        Command::Policy { command } => match command {
+            PolicyCommand::Lint { file } => crate::policy::lint(&file),
+            PolicyCommand::Schema => crate::policy::schema(),
+        },
+    }
+}

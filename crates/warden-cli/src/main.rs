@@ -1,0 +1,25 @@
+//! The `warden` command. Thin: parsing in `cli`, work in the commands.
+//!
+//! Exit codes: 0 success (for `check`: admitted), 1 a negative answer
+//! (`check`: rejected; `audit verify`: chain broken; `policy lint`:
+//! problems found), 2 bad input or failure.
+
+mod check;
+mod cli;
+mod demo;
+mod policy;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    match cli::run(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

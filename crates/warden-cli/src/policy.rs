@@ -1,0 +1,40 @@
+//! `warden policy lint` and `warden policy schema`.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Context;
+
+/// Lint a bundle: print every located problem, exit 1 if any.
+pub fn lint(file: &Path) -> anyhow::Result<ExitCode> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading `{}`", file.display()))?;
+    match warden_core::bundle::compile(&text) {
+        Ok(policy) => {
+            println!(
+                "ok: policy `{}`: {} actions, {} agents, {} memory records",
+                policy.version,
+                policy.catalogue.len(),
+                policy.agents.len(),
+                policy.memory.len()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            for issue in &e.issues {
+                println!("{}: {issue}", file.display());
+            }
+            println!("{} problem(s)", e.issues.len());
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+/// Print the bundle's JSON Schema.
+pub fn schema() -> anyhow::Result<ExitCode> {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&warden_core::bundle::schema())?
+    );
+    Ok(ExitCode::SUCCESS)
+}

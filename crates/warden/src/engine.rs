@@ -1,0 +1,1213 @@
+//! The [`Engine`]: the core's rules applied to a [`Store`], with every
+//! decision recorded.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use warden_core::audit::AuditDraft;
+use warden_core::audit::Digest;
+use warden_core::bundle::{Policy, seed_class, seed_spec};
+use warden_core::canonical::to_canonical;
+use warden_core::decision::{Decision, Reason, Subject, Verdict, reasons};
+use warden_core::hierarchy::{AgentIdx, AgentSpec, AgentStatus, Hierarchy, HierarchyError};
+use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId};
+use warden_core::lockdown::{self, Sanitised};
+use warden_core::memory::{
+    Combinator, Contributor, MemoryRecord, Put, RecordClass, Resolution, Visibility, check_write,
+    resolve,
+};
+use warden_core::preflight::{Preflight, PreflightContext, preflight};
+use warden_core::sop::Sop;
+use warden_core::time::Timestamp;
+use warden_store::{
+    CreateRun, Delete, DeleteOutcome, PutOutcome, RunRecord, RunStep, Store, StoredAgent,
+};
+
+use crate::clock::Clock;
+use crate::error::EngineError;
+
+/// Operation names recorded in the decision log.
+pub mod ops {
+    /// Register an agent.
+    pub const AGENT_REGISTER: &str = "agent.register";
+    /// Revoke an agent (and its descendants).
+    pub const AGENT_REVOKE: &str = "agent.revoke";
+    /// Read memory.
+    pub const MEMORY_READ: &str = "memory.read";
+    /// Write memory.
+    pub const MEMORY_WRITE: &str = "memory.write";
+    /// Delete memory.
+    pub const MEMORY_DELETE: &str = "memory.delete";
+    /// Preflight an SOP.
+    pub const SOP_VALIDATE: &str = "sop.validate";
+    /// Admit a run.
+    pub const RUN_ADMIT: &str = "run.admit";
+    /// Gate one step.
+    pub const STEP_BEGIN: &str = "step.begin";
+    /// Record a step's outcome.
+    pub const STEP_COMPLETE: &str = "step.complete";
+}
+
+/// Extra reason codes the engine records.
+pub mod engine_reasons {
+    use warden_core::decision::Reason;
+    /// The agent was created from the policy bundle.
+    pub const BUNDLE_SEED: Reason = Reason::code("bundle_seed");
+    /// A duplicate id.
+    pub const DUPLICATE_AGENT: Reason = Reason::code("duplicate_agent");
+    /// The parent is unknown.
+    pub const UNKNOWN_PARENT: Reason = Reason::code("unknown_parent");
+    /// The parent is revoked.
+    pub const PARENT_REVOKED: Reason = Reason::code("parent_revoked");
+    /// The hierarchy would be too deep.
+    pub const DEPTH_EXCEEDED: Reason = Reason::code("depth_exceeded");
+    /// A cycle.
+    pub const HIERARCHY_CYCLE: Reason = Reason::code("hierarchy_cycle");
+    /// The caller is neither the operator nor an ancestor.
+    pub const NOT_AN_ANCESTOR: Reason = Reason::code("not_an_ancestor");
+    /// A delegating agent may only create its own children.
+    pub const NOT_OWN_CHILD: Reason = Reason::code("not_own_child");
+    /// Revocation of an agent and its descendants.
+    pub const REVOKED: Reason = Reason::code("revoked");
+    /// An admitted run.
+    pub const RUN_ADMITTED: Reason = Reason::code("run_admitted");
+    /// A rejected run.
+    pub const RUN_REJECTED: Reason = Reason::code("run_rejected");
+    /// A step whose outcome was already recorded.
+    pub const STEP_REPLAYED: Reason = Reason::code("step_replayed");
+    /// An earlier step failed or was denied.
+    pub const RUN_STOPPED: Reason = Reason::code("run_stopped");
+    /// A step begun before the steps before it completed.
+    pub const STEP_OUT_OF_ORDER: Reason = Reason::code("step_out_of_order");
+    /// A step's outcome recorded.
+    pub const STEP_RECORDED: Reason = Reason::code("step_recorded");
+    /// A step that failed.
+    pub const STEP_FAILED: Reason = Reason::code("step_failed");
+    /// Handlers were missing after admission.
+    pub const MISSING_HANDLERS: Reason = Reason::code("missing_handlers");
+}
+
+use engine_reasons as er;
+
+/// Who is calling: the operator, or an agent (always from the runtime
+/// credential, never from a payload).
+pub type Caller = Subject;
+
+/// A registration request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegisterAgent {
+    /// The new agent's id.
+    pub id: AgentId,
+    /// Its parent (for delegation through [`Engine::delegate`], the caller).
+    #[serde(default)]
+    pub parent: Option<AgentId>,
+    /// Declared capabilities.
+    #[serde(default)]
+    pub capabilities: BTreeSet<ActionName>,
+    /// Tools a pre-built child was constructed with. `Some` marks the child
+    /// as pre-built: a write surface is refused. `None` means the parent
+    /// builds it from this spec: its config is sanitised.
+    #[serde(default)]
+    pub tools: Option<Vec<String>>,
+    /// The child's framework config.
+    #[serde(default)]
+    pub config: Option<Value>,
+}
+
+/// An agent as the engine reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentView {
+    /// Its id.
+    pub agent_id: AgentId,
+    /// Its parent.
+    pub parent_id: Option<AgentId>,
+    /// Itself and its ancestors, nearest first.
+    pub lineage: Vec<AgentId>,
+    /// Declared capabilities.
+    pub declared_capabilities: Vec<ActionName>,
+    /// Effective capabilities.
+    pub effective_capabilities: Vec<ActionName>,
+    /// Active or revoked.
+    pub status: AgentStatus,
+    /// The config as stored (sanitised).
+    pub config: Option<Value>,
+}
+
+/// A resolved value with its provenance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResolvedValue {
+    /// The value.
+    pub value: Value,
+    /// The record's owner (for a combined policy value, the root-most
+    /// contributor).
+    pub owner_agent_id: AgentId,
+    /// Visibility of the record.
+    pub visibility: Visibility,
+    /// Class name.
+    pub class: String,
+    /// Revision of the record.
+    pub revision: u64,
+    /// The combinator, for a `policy` value.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub combinator: Option<Combinator>,
+    /// Every contributing record, for a `policy` value.
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub contributors: Vec<Contributor>,
+}
+
+/// The outcome of a read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReadOutcome {
+    /// The decision (recorded).
+    pub decision: Decision,
+    /// The value, when allowed.
+    pub value: Option<ResolvedValue>,
+}
+
+/// The outcome of a write.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WriteOutcome {
+    /// The decision (recorded).
+    pub decision: Decision,
+    /// The stored record, when allowed.
+    pub record: Option<MemoryRecord>,
+    /// The current revision, on a conflict.
+    pub current_revision: Option<u64>,
+}
+
+/// The outcome of a delete.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeleteResult {
+    /// The decision (recorded).
+    pub decision: Decision,
+    /// The deleted revision, when allowed.
+    pub revision: Option<u64>,
+    /// The current revision, on a conflict.
+    pub current_revision: Option<u64>,
+}
+
+/// A write request in the owner's terms.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WriteRequest {
+    /// Namespace.
+    pub namespace: Namespace,
+    /// Key.
+    pub key: Key,
+    /// Value.
+    pub value: Value,
+    /// Owner scope; defaults to the caller. Any other owner is denied.
+    #[serde(default)]
+    pub owner_agent_id: Option<AgentId>,
+    /// Compare-and-set revision (0 = create only).
+    #[serde(default)]
+    pub expected_revision: Option<u64>,
+    /// Visibility (kept on update when absent).
+    #[serde(default)]
+    pub visibility: Option<Visibility>,
+    /// Class (kept on update when absent).
+    #[serde(default)]
+    pub class: Option<RecordClass>,
+}
+
+pub(crate) struct State {
+    pub(crate) hierarchy: Hierarchy,
+    pub(crate) configs: HashMap<AgentId, Option<Value>>,
+}
+
+pub(crate) struct Inner<S> {
+    pub(crate) policy: Arc<Policy>,
+    pub(crate) store: S,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) state: RwLock<State>,
+    /// Serialises hierarchy changes so validation and commit see one state.
+    pub(crate) registry: tokio::sync::Mutex<()>,
+}
+
+/// The governance engine. Cheap to clone; all clones share state.
+pub struct Engine<S> {
+    pub(crate) inner: Arc<Inner<S>>,
+}
+
+impl<S> Clone for Engine<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+fn hierarchy_reason(e: &HierarchyError) -> Reason {
+    match e {
+        HierarchyError::DuplicateAgent(_) => er::DUPLICATE_AGENT,
+        HierarchyError::UnknownParent { .. } => er::UNKNOWN_PARENT,
+        HierarchyError::ParentRevoked { .. } => er::PARENT_REVOKED,
+        HierarchyError::TooDeep { .. } => er::DEPTH_EXCEEDED,
+        HierarchyError::Cycle(_) => er::HIERARCHY_CYCLE,
+        HierarchyError::UnknownAgent(_) => reasons::UNKNOWN_AGENT,
+        HierarchyError::Full => er::DEPTH_EXCEEDED,
+    }
+}
+
+impl<S: Store> Engine<S> {
+    /// Open an engine over `store`. On a store with no agents, the bundle's
+    /// agents and memory are seeded (and recorded); on an existing store,
+    /// agents are loaded and bundle agents not yet present are added.
+    pub async fn open(
+        policy: Policy,
+        store: S,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, EngineError> {
+        let policy = Arc::new(policy);
+        let stored = store.load_agents().await?;
+        let first_start = stored.is_empty();
+        let index_of = |a: &ActionName| policy.action_index(a);
+        let mut hierarchy = policy.empty_hierarchy();
+        let specs: Vec<AgentSpec> = stored.iter().map(StoredAgent::spec).collect();
+        hierarchy.register_all(&specs, &index_of)?;
+        let mut configs = HashMap::new();
+        for a in &stored {
+            configs.insert(a.id.clone(), a.config.clone());
+            if a.status == AgentStatus::Revoked {
+                hierarchy.revoke(a.id.as_str())?;
+            }
+        }
+        let engine = Self {
+            inner: Arc::new(Inner {
+                policy: Arc::clone(&policy),
+                store,
+                clock,
+                state: RwLock::new(State { hierarchy, configs }),
+                registry: tokio::sync::Mutex::new(()),
+            }),
+        };
+        engine.seed(first_start).await?;
+        Ok(engine)
+    }
+
+    async fn seed(&self, with_memory: bool) -> Result<(), EngineError> {
+        let policy = Arc::clone(&self.inner.policy);
+        // Bundle order may list children before parents; register parents
+        // first by repeated passes (the bundle was validated at compile).
+        let mut pending: Vec<_> = policy
+            .agents
+            .iter()
+            .filter(|a| {
+                self.read_state()
+                    .map(|s| s.hierarchy.index_of(a.id.as_str()).is_none())
+                    .unwrap_or(false)
+            })
+            .collect();
+        while !pending.is_empty() {
+            let before = pending.len();
+            let mut rest = Vec::new();
+            for seed in pending {
+                let ready = match &seed.parent {
+                    None => true,
+                    Some(p) => self.read_state()?.hierarchy.index_of(p.as_str()).is_some(),
+                };
+                if !ready {
+                    rest.push(seed);
+                    continue;
+                }
+                let now = self.now();
+                let spec = seed_spec(seed);
+                let stored = StoredAgent {
+                    id: seed.id.clone(),
+                    parent: seed.parent.clone(),
+                    capabilities: spec.capabilities.clone(),
+                    tools: seed.tools.clone(),
+                    config: seed.config.clone(),
+                    status: AgentStatus::Active,
+                    created_at: now,
+                };
+                let decision = self.decision(
+                    &Caller::Operator,
+                    Verdict::Allow,
+                    er::BUNDLE_SEED,
+                    ops::AGENT_REGISTER,
+                    seed.id.to_string(),
+                    now,
+                );
+                self.commit_agent(spec, stored, vec![AuditDraft::from_decision(&decision)])
+                    .await?;
+            }
+            if rest.len() == before {
+                break;
+            }
+            pending = rest;
+        }
+        if with_memory {
+            for m in &policy.memory {
+                let class = seed_class(m).map_err(|message| EngineError::Invalid {
+                    field: "memory".into(),
+                    message,
+                })?;
+                let put = Put {
+                    owner: m.owner.clone(),
+                    namespace: m.namespace.clone(),
+                    key: m.key.clone(),
+                    value: m.value.clone(),
+                    expected_revision: Some(0),
+                    visibility: Some(m.visibility),
+                    class: Some(class),
+                };
+                let now = self.now();
+                let template = self.decision(
+                    &Caller::Operator,
+                    Verdict::Allow,
+                    er::BUNDLE_SEED,
+                    ops::MEMORY_WRITE,
+                    format!("{}:{}.{}", m.owner, m.namespace, m.key),
+                    now,
+                );
+                self.inner
+                    .store
+                    .put_record(
+                        put,
+                        now,
+                        Box::new(move |outcome| match outcome {
+                            PutOutcome::Written { .. } => {
+                                vec![AuditDraft::from_decision(&template)]
+                            }
+                            _ => Vec::new(),
+                        }),
+                    )
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &Policy {
+        &self.inner.policy
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.inner.store
+    }
+
+    /// The clock's current time.
+    pub fn now(&self) -> Timestamp {
+        self.inner.clock.now()
+    }
+
+    pub(crate) fn read_state(&self) -> Result<RwLockReadGuard<'_, State>, EngineError> {
+        self.inner.state.read().map_err(|_| EngineError::Poisoned)
+    }
+
+    fn write_state(&self) -> Result<RwLockWriteGuard<'_, State>, EngineError> {
+        self.inner.state.write().map_err(|_| EngineError::Poisoned)
+    }
+
+    pub(crate) fn decision(
+        &self,
+        caller: &Caller,
+        verdict: Verdict,
+        reason: Reason,
+        operation: &str,
+        resource: String,
+        now: Timestamp,
+    ) -> Decision {
+        Decision {
+            verdict,
+            reason,
+            subject: caller.clone(),
+            operation: operation.to_owned(),
+            resource,
+            policy_version: self.inner.policy.version.clone(),
+            obligations: Vec::new(),
+            time: now,
+        }
+    }
+
+    pub(crate) fn draft(&self, decision: &Decision) -> AuditDraft {
+        AuditDraft::from_decision(decision)
+    }
+
+    pub(crate) async fn record(&self, decision: &Decision) -> Result<(), EngineError> {
+        self.inner
+            .store
+            .append_audit(vec![self.draft(decision)])
+            .await?;
+        Ok(())
+    }
+
+    async fn commit_agent(
+        &self,
+        spec: AgentSpec,
+        stored: StoredAgent,
+        audit: Vec<AuditDraft>,
+    ) -> Result<(), EngineError> {
+        let index_of = |a: &ActionName| self.inner.policy.action_index(a);
+        let prepared = self.read_state()?.hierarchy.prepare(&spec, &index_of)?;
+        let config = stored.config.clone();
+        self.inner.store.insert_agent(stored, audit).await?;
+        let mut state = self.write_state()?;
+        state.hierarchy.commit(prepared)?;
+        state.configs.insert(spec.id, config);
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------
+    // Agents
+    // ------------------------------------------------------------------
+
+    /// Register an agent. The operator may register any agent; an agent may
+    /// register only its own children (see [`Engine::delegate`]).
+    ///
+    /// Delegated children pass delegation lockdown: a pre-built child
+    /// (`tools` given) with a block-write tool or self-edit flag is refused;
+    /// a child built from a spec has its self-edit flag cleared. Refusals
+    /// and sanitisations are recorded; a refused child leaves no agent.
+    pub async fn register_agent(
+        &self,
+        caller: &Caller,
+        req: RegisterAgent,
+    ) -> Result<AgentView, EngineError> {
+        let _guard = self.inner.registry.lock().await;
+        let now = self.now();
+        let resource = req.id.to_string();
+        let deny = |reason: Reason| {
+            self.decision(
+                caller,
+                Verdict::Deny,
+                reason,
+                ops::AGENT_REGISTER,
+                resource.clone(),
+                now,
+            )
+        };
+
+        if let Caller::Agent(a) = caller
+            && req.parent.as_ref() != Some(a)
+        {
+            let d = deny(er::NOT_OWN_CHILD);
+            self.record(&d).await?;
+            return Err(EngineError::Denied(Box::new(d)));
+        }
+        if let Caller::Agent(a) = caller {
+            let active = self
+                .read_state()?
+                .hierarchy
+                .get(a.as_str())
+                .is_some_and(|n| n.is_active());
+            if !active {
+                let d = deny(reasons::AGENT_REVOKED);
+                self.record(&d).await?;
+                return Err(EngineError::Denied(Box::new(d)));
+            }
+        }
+
+        let mut audit = Vec::new();
+        let mut config = req.config.clone();
+        let tools = req.tools.clone().unwrap_or_default();
+        if req.parent.is_some() {
+            let checked = match &req.tools {
+                Some(tools) => {
+                    lockdown::check_prebuilt_child(tools, req.config.as_ref()).map(|()| None)
+                }
+                None => match &req.config {
+                    None => Ok(None),
+                    Some(c) => lockdown::sanitise_child_config(c).map(|s| match s {
+                        Sanitised::Unchanged(_) => None,
+                        Sanitised::Cleared(v) => Some(v),
+                    }),
+                },
+            };
+            match checked {
+                Err(e) => {
+                    let d = deny(e.reason());
+                    self.record(&d).await?;
+                    return Err(EngineError::Lockdown(e));
+                }
+                Ok(Some(cleaned)) => {
+                    let d = self.decision(
+                        caller,
+                        Verdict::Constrain,
+                        lockdown::CHILD_SELF_EDIT_SANITISED,
+                        ops::AGENT_REGISTER,
+                        resource.clone(),
+                        now,
+                    );
+                    audit.push(self.draft(&d));
+                    config = Some(cleaned);
+                }
+                Ok(None) => {}
+            }
+        }
+
+        let spec = AgentSpec {
+            id: req.id.clone(),
+            parent: req.parent.clone(),
+            capabilities: req.capabilities.clone(),
+        };
+        let index_of = |a: &ActionName| self.inner.policy.action_index(a);
+        let prepared = self.read_state()?.hierarchy.prepare(&spec, &index_of);
+        if let Err(e) = prepared {
+            let d = deny(hierarchy_reason(&e));
+            self.record(&d).await?;
+            return Err(EngineError::Hierarchy(e));
+        }
+        let d = self.decision(
+            caller,
+            Verdict::Allow,
+            reasons::AGENT_REGISTERED,
+            ops::AGENT_REGISTER,
+            resource,
+            now,
+        );
+        audit.push(self.draft(&d));
+        let stored = StoredAgent {
+            id: req.id.clone(),
+            parent: req.parent.clone(),
+            capabilities: req.capabilities,
+            tools,
+            config,
+            status: AgentStatus::Active,
+            created_at: now,
+        };
+        self.commit_agent(spec, stored, audit).await?;
+        self.agent(&req.id)
+    }
+
+    /// Register a child of `parent` (delegation): the child's effective
+    /// capabilities are within the parent's, and lockdown applies.
+    pub async fn delegate(
+        &self,
+        parent: &AgentId,
+        mut req: RegisterAgent,
+    ) -> Result<AgentView, EngineError> {
+        req.parent = Some(parent.clone());
+        self.register_agent(&Caller::Agent(parent.clone()), req)
+            .await
+    }
+
+    /// An agent with its lineage and capabilities.
+    pub fn agent(&self, id: &AgentId) -> Result<AgentView, EngineError> {
+        let state = self.read_state()?;
+        let h = &state.hierarchy;
+        let idx = h
+            .index_of(id.as_str())
+            .ok_or_else(|| EngineError::UnknownAgent(id.to_string()))?;
+        let node = h
+            .node(idx)
+            .ok_or_else(|| EngineError::UnknownAgent(id.to_string()))?;
+        Ok(AgentView {
+            agent_id: node.id().clone(),
+            parent_id: node
+                .parent()
+                .and_then(|p| h.node(p))
+                .map(|n| n.id().clone()),
+            lineage: h.lineage(idx).map(|(_, n)| n.id().clone()).collect(),
+            declared_capabilities: node.declared().iter().cloned().collect(),
+            effective_capabilities: self.inner.policy.action_names(node.effective()),
+            status: node.status(),
+            config: state.configs.get(id).cloned().flatten(),
+        })
+    }
+
+    /// Whether `caller` may see or manage `target`: the operator, the agent
+    /// itself, or one of its ancestors.
+    pub fn may_manage(
+        &self,
+        caller: &Caller,
+        target: &AgentId,
+        include_self: bool,
+    ) -> Result<bool, EngineError> {
+        let Caller::Agent(a) = caller else {
+            return Ok(true);
+        };
+        if a == target {
+            return Ok(include_self);
+        }
+        let state = self.read_state()?;
+        let h = &state.hierarchy;
+        let (Some(ai), Some(ti)) = (h.index_of(a.as_str()), h.index_of(target.as_str())) else {
+            return Ok(false);
+        };
+        Ok(h.node(ai).is_some_and(|n| n.is_active()) && h.is_ancestor(ai, ti))
+    }
+
+    /// Revoke an agent and its descendants. The operator or an ancestor may
+    /// revoke; the revocation is recorded and takes effect at once.
+    pub async fn revoke_agent(
+        &self,
+        caller: &Caller,
+        id: &AgentId,
+    ) -> Result<Vec<AgentId>, EngineError> {
+        let _guard = self.inner.registry.lock().await;
+        let now = self.now();
+        if self.read_state()?.hierarchy.index_of(id.as_str()).is_none() {
+            return Err(EngineError::UnknownAgent(id.to_string()));
+        }
+        if !self.may_manage(caller, id, false)? {
+            let d = self.decision(
+                caller,
+                Verdict::Deny,
+                er::NOT_AN_ANCESTOR,
+                ops::AGENT_REVOKE,
+                id.to_string(),
+                now,
+            );
+            self.record(&d).await?;
+            return Err(EngineError::Denied(Box::new(d)));
+        }
+        // Compute the subtree on a copy, persist, then apply.
+        let mut copy = self.read_state()?.hierarchy.clone();
+        let revoked = copy.revoke(id.as_str())?;
+        let d = self.decision(
+            caller,
+            Verdict::Allow,
+            er::REVOKED,
+            ops::AGENT_REVOKE,
+            id.to_string(),
+            now,
+        );
+        let draft = self.draft(&d).with_details(json!({
+            "revoked": revoked.iter().map(|a| a.as_str()).collect::<Vec<_>>()
+        }));
+        self.inner
+            .store
+            .set_agent_status(revoked.clone(), AgentStatus::Revoked, vec![draft])
+            .await?;
+        self.write_state()?.hierarchy.revoke(id.as_str())?;
+        Ok(revoked)
+    }
+
+    /// Apply a revocation made elsewhere (another node) to this engine's
+    /// cached hierarchy without recording it again.
+    pub fn apply_remote_revocation(&self, id: &AgentId) -> Result<(), EngineError> {
+        self.write_state()?.hierarchy.revoke(id.as_str())?;
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------
+    // Capabilities
+    // ------------------------------------------------------------------
+
+    /// Whether `agent` may perform `action` (pure lookup, not recorded).
+    pub fn check_capability(&self, agent: &AgentId, action: &str) -> Result<Decision, EngineError> {
+        let now = self.now();
+        let state = self.read_state()?;
+        let reason = capability_reason(&state.hierarchy, &self.inner.policy, agent, action);
+        let verdict = if reason == reasons::CAPABILITY_GRANTED {
+            Verdict::Allow
+        } else {
+            Verdict::Deny
+        };
+        Ok(self.decision(
+            &Caller::Agent(agent.clone()),
+            verdict,
+            reason,
+            action,
+            action.to_owned(),
+            now,
+        ))
+    }
+
+    fn lineage_of(
+        &self,
+        agent: &AgentId,
+        action: &str,
+    ) -> Result<Result<Vec<AgentId>, Reason>, EngineError> {
+        let state = self.read_state()?;
+        let h = &state.hierarchy;
+        let reason = capability_reason(h, &self.inner.policy, agent, action);
+        if reason != reasons::CAPABILITY_GRANTED {
+            return Ok(Err(reason));
+        }
+        let Some(idx) = h.index_of(agent.as_str()) else {
+            return Ok(Err(reasons::UNKNOWN_AGENT));
+        };
+        Ok(Ok(h.lineage(idx).map(|(_, n)| n.id().clone()).collect()))
+    }
+
+    // ------------------------------------------------------------------
+    // Memory
+    // ------------------------------------------------------------------
+
+    /// Resolve `namespace.key` for `reader`, walking toward the root.
+    pub async fn read(
+        &self,
+        reader: &AgentId,
+        namespace: &Namespace,
+        key: &Key,
+    ) -> Result<ReadOutcome, EngineError> {
+        let now = self.now();
+        let caller = Caller::Agent(reader.clone());
+        let resource = format!("{namespace}.{key}");
+        let lineage = match self.lineage_of(reader, ops::MEMORY_READ)? {
+            Ok(l) => l,
+            Err(reason) => {
+                let d = self.decision(
+                    &caller,
+                    Verdict::Deny,
+                    reason,
+                    ops::MEMORY_READ,
+                    resource,
+                    now,
+                );
+                self.record(&d).await?;
+                return Ok(ReadOutcome {
+                    decision: d,
+                    value: None,
+                });
+            }
+        };
+        let records = self
+            .inner
+            .store
+            .get_records(namespace.clone(), key.clone(), lineage.clone())
+            .await?;
+        let resolution = resolve(
+            reader,
+            lineage.iter(),
+            |owner| records.iter().find(|r| &r.owner == owner),
+            now,
+        );
+        let (verdict, reason, value) = match resolution {
+            Resolution::Found { record, reason } => (
+                Verdict::Allow,
+                reason,
+                Some(ResolvedValue {
+                    value: record.value.clone(),
+                    owner_agent_id: record.owner.clone(),
+                    visibility: record.visibility,
+                    class: record.class.name().to_owned(),
+                    revision: record.revision,
+                    combinator: None,
+                    contributors: Vec::new(),
+                }),
+            ),
+            Resolution::Combined {
+                value,
+                combinator,
+                contributors,
+                reason,
+            } => {
+                let root = contributors.last().cloned();
+                (
+                    Verdict::Allow,
+                    reason,
+                    root.map(|root| ResolvedValue {
+                        value,
+                        owner_agent_id: root.owner_agent_id,
+                        visibility: Visibility::Descendants,
+                        class: "policy".into(),
+                        revision: root.revision,
+                        combinator: Some(combinator),
+                        contributors,
+                    }),
+                )
+            }
+            Resolution::Denied { reason } => (Verdict::Deny, reason, None),
+            Resolution::NotFound => (Verdict::Deny, reasons::RECORD_NOT_FOUND, None),
+        };
+        let d = self.decision(&caller, verdict, reason, ops::MEMORY_READ, resource, now);
+        self.record(&d).await?;
+        Ok(ReadOutcome { decision: d, value })
+    }
+
+    /// Write one record in the caller's own scope.
+    pub async fn write(
+        &self,
+        actor: &AgentId,
+        req: WriteRequest,
+    ) -> Result<WriteOutcome, EngineError> {
+        let now = self.now();
+        let caller = Caller::Agent(actor.clone());
+        let owner = req.owner_agent_id.clone().unwrap_or_else(|| actor.clone());
+        let resource = format!("{owner}:{}.{}", req.namespace, req.key);
+        let put = Put {
+            owner,
+            namespace: req.namespace,
+            key: req.key,
+            value: req.value,
+            expected_revision: req.expected_revision,
+            visibility: req.visibility,
+            class: req.class,
+        };
+        let pre = match self.lineage_of(actor, ops::MEMORY_WRITE)? {
+            Err(reason) => Err(reason),
+            Ok(_) => check_write(actor, &put),
+        };
+        if let Err(reason) = pre {
+            let d = self.decision(
+                &caller,
+                Verdict::Deny,
+                reason,
+                ops::MEMORY_WRITE,
+                resource,
+                now,
+            );
+            self.record(&d).await?;
+            return Ok(WriteOutcome {
+                decision: d,
+                record: None,
+                current_revision: None,
+            });
+        }
+        let allow = self.decision(
+            &caller,
+            Verdict::Allow,
+            reasons::OWNER_WRITE,
+            ops::MEMORY_WRITE,
+            resource.clone(),
+            now,
+        );
+        let conflict = self.decision(
+            &caller,
+            Verdict::Deny,
+            reasons::REVISION_CONFLICT,
+            ops::MEMORY_WRITE,
+            resource.clone(),
+            now,
+        );
+        let rejected = self.decision(
+            &caller,
+            Verdict::Deny,
+            reasons::REVISION_CONFLICT,
+            ops::MEMORY_WRITE,
+            resource,
+            now,
+        );
+        let (a, c, r) = (allow.clone(), conflict.clone(), rejected.clone());
+        let outcome = self
+            .inner
+            .store
+            .put_record(
+                put,
+                now,
+                Box::new(move |o| {
+                    let d = match o {
+                        PutOutcome::Written { record, .. } => {
+                            return vec![
+                                AuditDraft::from_decision(&a)
+                                    .with_details(json!({"revision": record.revision})),
+                            ];
+                        }
+                        PutOutcome::Conflict { .. } => c,
+                        PutOutcome::Rejected { reason } => Decision {
+                            reason: Reason::from_string(reason.clone()),
+                            ..r
+                        },
+                    };
+                    vec![AuditDraft::from_decision(&d)]
+                }),
+            )
+            .await?;
+        Ok(match outcome {
+            PutOutcome::Written { record, .. } => WriteOutcome {
+                decision: allow,
+                record: Some(record),
+                current_revision: None,
+            },
+            PutOutcome::Conflict { current } => WriteOutcome {
+                decision: conflict,
+                record: None,
+                current_revision: current,
+            },
+            PutOutcome::Rejected { reason } => WriteOutcome {
+                decision: Decision {
+                    reason: Reason::from_string(reason),
+                    ..rejected
+                },
+                record: None,
+                current_revision: None,
+            },
+        })
+    }
+
+    /// Delete one of the caller's own records.
+    pub async fn delete(
+        &self,
+        actor: &AgentId,
+        owner: Option<AgentId>,
+        namespace: Namespace,
+        key: Key,
+        expected_revision: Option<u64>,
+    ) -> Result<DeleteResult, EngineError> {
+        let now = self.now();
+        let caller = Caller::Agent(actor.clone());
+        let owner = owner.unwrap_or_else(|| actor.clone());
+        let resource = format!("{owner}:{namespace}.{key}");
+        let pre = match self.lineage_of(actor, ops::MEMORY_WRITE)? {
+            Err(reason) => Err(reason),
+            Ok(_) if &owner != actor => Err(reasons::ACTOR_IS_NOT_OWNER),
+            Ok(_) => Ok(()),
+        };
+        if let Err(reason) = pre {
+            let d = self.decision(
+                &caller,
+                Verdict::Deny,
+                reason,
+                ops::MEMORY_DELETE,
+                resource,
+                now,
+            );
+            self.record(&d).await?;
+            return Ok(DeleteResult {
+                decision: d,
+                revision: None,
+                current_revision: None,
+            });
+        }
+        let template = self.decision(
+            &caller,
+            Verdict::Allow,
+            reasons::OWNER_DELETE,
+            ops::MEMORY_DELETE,
+            resource,
+            now,
+        );
+        let t = template.clone();
+        let outcome = self
+            .inner
+            .store
+            .delete_record(
+                Delete {
+                    owner,
+                    namespace,
+                    key,
+                    expected_revision,
+                },
+                Box::new(move |o| {
+                    let d = outcome_decision(&t, o);
+                    vec![AuditDraft::from_decision(&d)]
+                }),
+            )
+            .await?;
+        let decision = outcome_decision(&template, &outcome);
+        Ok(match outcome {
+            DeleteOutcome::Deleted { revision } => DeleteResult {
+                decision,
+                revision: Some(revision),
+                current_revision: None,
+            },
+            DeleteOutcome::NotFound => DeleteResult {
+                decision,
+                revision: None,
+                current_revision: None,
+            },
+            DeleteOutcome::Conflict { current } => DeleteResult {
+                decision,
+                revision: None,
+                current_revision: Some(current),
+            },
+        })
+    }
+
+    // ------------------------------------------------------------------
+    // SOPs
+    // ------------------------------------------------------------------
+
+    /// Preflight `sop` for `actor` without recording anything (offline
+    /// checks, `warden check`).
+    pub fn preflight(&self, actor: &AgentId, sop: &Sop) -> Result<Preflight, EngineError> {
+        let now = self.now();
+        let state = self.read_state()?;
+        let ctx = PreflightContext {
+            hierarchy: &state.hierarchy,
+            catalogue: &self.inner.policy.catalogue,
+            policy_version: &self.inner.policy.version,
+        };
+        Ok(preflight(&ctx, actor, sop, now))
+    }
+
+    /// Preflight `sop` for `actor` and record every step's decision.
+    pub async fn validate_sop(&self, actor: &AgentId, sop: &Sop) -> Result<Preflight, EngineError> {
+        let result = self.preflight(actor, sop)?;
+        let drafts = result
+            .steps
+            .iter()
+            .map(|s| {
+                self.draft(&s.decision)
+                    .with_details(violations_details(&s.violations))
+            })
+            .collect();
+        self.inner.store.append_audit(drafts).await?;
+        Ok(result)
+    }
+
+    /// Admit `sop` as a run. A rejected SOP creates no run and runs nothing;
+    /// every step's decision is recorded either way. A reused `run_id` with
+    /// the same SOP and agent returns the existing run (idempotent).
+    pub async fn admit_run(
+        &self,
+        actor: &AgentId,
+        sop: &Sop,
+        run_id: Option<RunId>,
+    ) -> Result<Admission, EngineError> {
+        let now = self.now();
+        let caller = Caller::Agent(actor.clone());
+        let result = self.preflight(actor, sop)?;
+        let mut drafts: Vec<AuditDraft> = result
+            .steps
+            .iter()
+            .map(|s| {
+                self.draft(&s.decision)
+                    .with_details(violations_details(&s.violations))
+            })
+            .collect();
+        if !result.admitted {
+            let d = self.decision(
+                &caller,
+                Verdict::Deny,
+                er::RUN_REJECTED,
+                ops::RUN_ADMIT,
+                sop.sop_id.to_string(),
+                now,
+            );
+            drafts.push(self.draft(&d));
+            self.inner.store.append_audit(drafts).await?;
+            return Ok(Admission::Rejected(result));
+        }
+        let sop_value = serde_json::to_value(sop).map_err(|e| EngineError::Invalid {
+            field: "sop".into(),
+            message: e.to_string(),
+        })?;
+        let sop_hash = Digest::of(&to_canonical(&sop_value));
+        let run_id = match run_id {
+            Some(r) => r,
+            None => new_run_id()?,
+        };
+        let steps: Vec<RunStep> = sop
+            .steps
+            .iter()
+            .filter_map(|s| {
+                s.step_id.clone().map(|step_id| RunStep {
+                    operation_id: format!("{run_id}:{step_id}"),
+                    step_id,
+                    action: s.action.clone(),
+                })
+            })
+            .collect();
+        let record = RunRecord {
+            run_id: run_id.clone(),
+            agent: actor.clone(),
+            sop_hash,
+            sop: sop_value,
+            steps,
+            policy_version: self.inner.policy.version.clone(),
+            created_at: now,
+        };
+        let d = self.decision(
+            &caller,
+            Verdict::Allow,
+            er::RUN_ADMITTED,
+            ops::RUN_ADMIT,
+            run_id.to_string(),
+            now,
+        );
+        drafts.push(
+            self.draft(&d).with_details(
+                json!({"sop_id": sop.sop_id.as_str(), "sop_hash": sop_hash.to_hex()}),
+            ),
+        );
+        match self.inner.store.create_run(record.clone(), drafts).await? {
+            CreateRun::Created => Ok(Admission::Admitted {
+                run: record,
+                preflight: result,
+                existing: false,
+            }),
+            CreateRun::Existing(state) => {
+                if state.run.sop_hash == sop_hash && &state.run.agent == actor {
+                    Ok(Admission::Admitted {
+                        run: state.run,
+                        preflight: result,
+                        existing: true,
+                    })
+                } else {
+                    Err(EngineError::RunIdConflict(run_id.to_string()))
+                }
+            }
+        }
+    }
+}
+
+/// The result of admitting a run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Admission {
+    /// Admitted (or already admitted with the same SOP).
+    Admitted {
+        /// The run.
+        run: RunRecord,
+        /// Every step's decision.
+        preflight: Preflight,
+        /// Whether the run existed already.
+        existing: bool,
+    },
+    /// Rejected: nothing will run.
+    Rejected(Preflight),
+}
+
+fn violations_details(v: &[Reason]) -> Value {
+    if v.len() <= 1 {
+        Value::Null
+    } else {
+        json!({"violations": v.iter().map(|r| r.as_str()).collect::<Vec<_>>()})
+    }
+}
+
+fn outcome_decision(template: &Decision, o: &DeleteOutcome) -> Decision {
+    match o {
+        DeleteOutcome::Deleted { .. } => template.clone(),
+        DeleteOutcome::NotFound => Decision {
+            verdict: Verdict::Deny,
+            reason: reasons::RECORD_NOT_FOUND,
+            ..template.clone()
+        },
+        DeleteOutcome::Conflict { .. } => Decision {
+            verdict: Verdict::Deny,
+            reason: reasons::REVISION_CONFLICT,
+            ..template.clone()
+        },
+    }
+}
+
+pub(crate) fn capability_reason(
+    h: &Hierarchy,
+    policy: &Policy,
+    agent: &AgentId,
+    action: &str,
+) -> Reason {
+    let Some(idx) = h.index_of(agent.as_str()) else {
+        return reasons::UNKNOWN_AGENT;
+    };
+    capability_reason_idx(h, policy, idx, action)
+}
+
+pub(crate) fn capability_reason_idx(
+    h: &Hierarchy,
+    policy: &Policy,
+    idx: AgentIdx,
+    action: &str,
+) -> Reason {
+    let Some(node) = h.node(idx) else {
+        return reasons::UNKNOWN_AGENT;
+    };
+    if !node.is_active() {
+        return reasons::AGENT_REVOKED;
+    }
+    match policy.catalogue.index_of(action) {
+        None => reasons::UNKNOWN_ACTION,
+        Some(a) if node.effective().contains(a.get()) => reasons::CAPABILITY_GRANTED,
+        Some(_) => reasons::CAPABILITY_NOT_INHERITED,
+    }
+}
+
+fn new_run_id() -> Result<RunId, EngineError> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| EngineError::Invalid {
+        field: "run_id".into(),
+        message: e.to_string(),
+    })?;
+    RunId::parse(&format!("run-{}", hex::encode(bytes))).map_err(|e| EngineError::Invalid {
+        field: "run_id".into(),
+        message: e.to_string(),
+    })
+}

@@ -1,0 +1,36 @@
+//! # warden
+//!
+//! The Warden engine: `warden-core`'s pure rules applied to a
+//! `warden-store` backend, with the decision log written for every decision
+//! and handlers executed only for admitted steps.
+//!
+//! ```text
+//! caller ──► Engine ──► core rules (pure) ──► Decision
+//!              │                                  │
+//!              └──► Store (state + audit, one transaction)
+//! ```
+//!
+//! The engine keeps the agent hierarchy (with cached effective capabilities)
+//! in memory for the hot paths and persists every change before applying it
+//! to the cache. Memory records, runs and the decision log live in the store.
+//! Identity is an argument of every call: the server derives it from the
+//! bearer token; an embedding program from its own runtime context. Nothing
+//! in a request body or SOP can change it.
+
+mod clock;
+mod engine;
+mod error;
+mod runs;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use engine::{
+    Admission, AgentView, Caller, DeleteResult, Engine, ReadOutcome, RegisterAgent, ResolvedValue,
+    WriteOutcome, WriteRequest, engine_reasons, ops,
+};
+pub use error::EngineError;
+pub use runs::{
+    Handler, HandlerCall, HandlerError, HandlerFuture, Handlers, RunReport, StepGate, StepReport,
+    StepResult,
+};
+pub use warden_core;
+pub use warden_store;

@@ -1,0 +1,7 @@
+//! Engine integration tests: one binary, modules by topic.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod acceptance;
+mod adversarial;
+mod properties;
+mod support;
