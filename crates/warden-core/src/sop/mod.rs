@@ -1,0 +1,593 @@
+//! Strict parsing of standard operating procedures (SOPs).
+//!
+//! An SOP arrives as model-generated JSON:
+//!
+//! ```json
+//! {"sop_id": "prepare-report", "version": 1,
+//!  "steps": [{"step_id": "save", "action": "artifact.save",
+//!             "arguments": {"path": "internal/report.txt"}}]}
+//! ```
+//!
+//! Parsing is about shape only, and it is strict: unknown and duplicate
+//! fields are refused, types are exact (`version` is an integer, not `"1"`
+//! nor `1.0`), and limits bound the step count, each step's argument size
+//! and nesting depth, and identifier length. Every error names the field it
+//! is about (`steps[3].step_id`) and has a stable [`SopError::code`].
+//!
+//! Two things are deliberately *not* parse errors, because the lab document
+//! makes them preflight decisions: an empty step id (`empty_step_id`) and a
+//! repeated one (`duplicate_step_id`). [`Step::step_id`] is therefore an
+//! `Option<StepId>`: `None` is the empty string, and duplicates are kept as
+//! they are. A non-empty step id with a bad character or over the length
+//! limit is still a parse error.
+//!
+//! Whether a step may run is not decided here. In particular an `actor`,
+//! `owner` or `owner_agent_id` inside `arguments` is only data: identity
+//! comes from the runtime, never from the SOP.
+
+mod strict;
+
+use std::fmt;
+
+use serde::{Serialize, Serializer};
+use serde_json::{Map, Value};
+
+use crate::catalogue::encoded_json_len_exceeds;
+use crate::ids::{ActionName, IdentifierError, MAX_IDENTIFIER_LEN, SopId, StepId};
+
+/// Deepest argument nesting supported, whatever [`SopLimits::max_depth`]
+/// says: `serde_json` refuses documents nested 128 levels deep, and the
+/// steps' own structure takes three of those.
+pub const MAX_SUPPORTED_DEPTH: usize = 100;
+
+/// Bounds on what [`parse_sop`] accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SopLimits {
+    /// Most steps in one SOP.
+    pub max_steps: usize,
+    /// Largest compact JSON encoding of one step's `arguments`, in bytes.
+    pub max_argument_bytes: usize,
+    /// Deepest nesting of one step's `arguments`, the object itself counting
+    /// as 1 (`{"a": {"b": 1}}` is 2). Capped at [`MAX_SUPPORTED_DEPTH`].
+    pub max_depth: usize,
+    /// Longest `sop_id`, `step_id` or `action`, in bytes. Capped at
+    /// [`MAX_IDENTIFIER_LEN`].
+    pub max_identifier_len: usize,
+}
+
+impl Default for SopLimits {
+    /// 50 steps, 64 KiB of arguments per step, depth 32, identifiers of 128
+    /// bytes.
+    fn default() -> Self {
+        Self {
+            max_steps: 50,
+            max_argument_bytes: 64 * 1024,
+            max_depth: 32,
+            max_identifier_len: MAX_IDENTIFIER_LEN,
+        }
+    }
+}
+
+impl SopLimits {
+    fn depth(&self) -> usize {
+        self.max_depth.min(MAX_SUPPORTED_DEPTH)
+    }
+
+    fn identifier_len(&self) -> usize {
+        self.max_identifier_len.min(MAX_IDENTIFIER_LEN)
+    }
+}
+
+/// A parsed SOP: well-formed, within limits, not yet authorised.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Sop {
+    /// Its id.
+    pub sop_id: SopId,
+    /// Its version, at least 1.
+    pub version: u32,
+    /// Its steps, in order; at least one.
+    pub steps: Vec<Step>,
+}
+
+/// One step of an SOP.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Step {
+    /// The step id; `None` when the SOP gave an empty string, which the
+    /// preflight denies as `empty_step_id`. Serialised back as `""`.
+    #[serde(serialize_with = "serialize_step_id")]
+    pub step_id: Option<StepId>,
+    /// The action it asks for (not yet checked against the catalogue).
+    pub action: ActionName,
+    /// Its arguments; `{}` when the SOP omitted them.
+    pub arguments: Map<String, Value>,
+}
+
+impl Step {
+    /// The step id as written (`""` when empty).
+    pub fn step_id_str(&self) -> &str {
+        self.step_id.as_ref().map_or("", StepId::as_str)
+    }
+}
+
+fn serialize_step_id<S: Serializer>(id: &Option<StepId>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(id.as_ref().map_or("", StepId::as_str))
+}
+
+/// Why an identifier field was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdentifierProblem {
+    /// It is empty.
+    Empty,
+    /// It is longer than the limit.
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// It holds a character outside `[A-Za-z0-9._:-]`.
+    BadChar {
+        /// The character.
+        ch: char,
+        /// Its byte offset.
+        at: usize,
+    },
+}
+
+/// What is wrong, without the where (see [`SopError`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SopErrorKind {
+    /// Not JSON, or trailing input after it.
+    MalformedJson {
+        /// Line of the problem (1-based).
+        line: usize,
+        /// Column of the problem (1-based).
+        column: usize,
+        /// The JSON parser's message.
+        message: String,
+    },
+    /// A key appears twice in one object.
+    DuplicateField,
+    /// A field the SOP format does not have.
+    UnknownField,
+    /// A field of the wrong JSON type.
+    WrongType {
+        /// What the format requires (`a string`).
+        expected: &'static str,
+        /// What was there (`a number`).
+        found: &'static str,
+    },
+    /// A required field is absent.
+    MissingField,
+    /// `version` is below 1 or above `u32::MAX`.
+    InvalidVersion,
+    /// `steps` is empty.
+    EmptySop,
+    /// More steps than [`SopLimits::max_steps`].
+    TooManySteps {
+        /// How many there are.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A step's arguments encode to more than
+    /// [`SopLimits::max_argument_bytes`].
+    ArgumentsTooLarge {
+        /// The limit.
+        max: usize,
+    },
+    /// A step's arguments nest deeper than [`SopLimits::max_depth`].
+    NestingTooDeep {
+        /// The limit.
+        max: usize,
+    },
+    /// An invalid `sop_id`, `action` or non-empty `step_id`.
+    InvalidIdentifier(IdentifierProblem),
+}
+
+impl SopErrorKind {
+    /// The stable snake_case code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            SopErrorKind::MalformedJson { .. } => "malformed_json",
+            SopErrorKind::DuplicateField => "duplicate_field",
+            SopErrorKind::UnknownField => "unknown_field",
+            SopErrorKind::WrongType { .. } => "wrong_type",
+            SopErrorKind::MissingField => "missing_field",
+            SopErrorKind::InvalidVersion => "invalid_version",
+            SopErrorKind::EmptySop => "empty_sop",
+            SopErrorKind::TooManySteps { .. } => "too_many_steps",
+            SopErrorKind::ArgumentsTooLarge { .. } => "arguments_too_large",
+            SopErrorKind::NestingTooDeep { .. } => "nesting_too_deep",
+            SopErrorKind::InvalidIdentifier(_) => "invalid_identifier",
+        }
+    }
+}
+
+impl fmt::Display for SopErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SopErrorKind::MalformedJson { message, .. } => write!(f, "malformed json: {message}"),
+            SopErrorKind::DuplicateField => f.write_str("field appears more than once"),
+            SopErrorKind::UnknownField => f.write_str("unknown field"),
+            SopErrorKind::WrongType { expected, found } => {
+                write!(f, "expected {expected}, found {found}")
+            }
+            SopErrorKind::MissingField => f.write_str("required field is missing"),
+            SopErrorKind::InvalidVersion => {
+                write!(f, "version must be an integer from 1 to {}", u32::MAX)
+            }
+            SopErrorKind::EmptySop => f.write_str("an sop needs at least one step"),
+            SopErrorKind::TooManySteps { count, max } => {
+                write!(f, "{count} steps, the limit is {max}")
+            }
+            SopErrorKind::ArgumentsTooLarge { max } => {
+                write!(f, "arguments encode to more than {max} bytes")
+            }
+            SopErrorKind::NestingTooDeep { max } => {
+                write!(f, "arguments nest deeper than {max} levels")
+            }
+            SopErrorKind::InvalidIdentifier(IdentifierProblem::Empty) => {
+                f.write_str("identifier is empty")
+            }
+            SopErrorKind::InvalidIdentifier(IdentifierProblem::TooLong { len, max }) => {
+                write!(f, "identifier is {len} bytes long, the limit is {max}")
+            }
+            SopErrorKind::InvalidIdentifier(IdentifierProblem::BadChar { ch, at }) => write!(
+                f,
+                "identifier contains `{}` at byte {at}; allowed are A-Z a-z 0-9 . _ : -",
+                ch.escape_debug()
+            ),
+        }
+    }
+}
+
+/// Why an SOP was refused: a located [`SopErrorKind`].
+///
+/// Displayed as one line naming the field: ``field `steps[3].step_id`:
+/// identifier is empty``, or `sop: ...` for the document as a whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SopError {
+    field: String,
+    kind: SopErrorKind,
+}
+
+impl std::error::Error for SopError {}
+
+impl fmt::Display for SopError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            write!(f, "sop: {}", self.kind)
+        } else {
+            write!(f, "field `{}`: {}", self.field, self.kind)
+        }
+    }
+}
+
+impl SopError {
+    fn new(field: impl Into<String>, kind: SopErrorKind) -> Self {
+        Self {
+            field: field.into(),
+            kind,
+        }
+    }
+
+    /// The field the error is about: `sop_id`, `steps[3].step_id`,
+    /// `steps[0].arguments.a[2]`; `""` for the document as a whole. Keys
+    /// that are not plain words (`[A-Za-z0-9_-]`, at most 64 bytes) are
+    /// written as JSON strings in brackets, `["like this"]`, cut to 64 bytes
+    /// with a `…` after the closing quote.
+    pub fn field(&self) -> &str {
+        &self.field
+    }
+
+    /// What is wrong.
+    pub fn kind(&self) -> &SopErrorKind {
+        &self.kind
+    }
+
+    /// The stable snake_case code of [`SopError::kind`].
+    pub fn code(&self) -> &'static str {
+        self.kind.code()
+    }
+}
+
+/// One step of a field path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PathSeg<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+/// Longest key written into a field path.
+const MAX_KEY_IN_PATH: usize = 64;
+
+/// Render `base` followed by `segs` as `a.b[2]["odd key"]`.
+fn render_path<'a>(base: &str, segs: impl IntoIterator<Item = PathSeg<'a>>) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::from(base);
+    for seg in segs {
+        match seg {
+            PathSeg::Index(i) => {
+                let _ = write!(out, "[{i}]");
+            }
+            PathSeg::Key(key)
+                if !key.is_empty()
+                    && key.len() <= MAX_KEY_IN_PATH
+                    && key
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') =>
+            {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(key);
+            }
+            PathSeg::Key(key) => {
+                let mut end = key.len().min(MAX_KEY_IN_PATH);
+                while !key.is_char_boundary(end) {
+                    end -= 1;
+                }
+                let shown = key.get(..end).unwrap_or("");
+                let quoted = serde_json::to_string(shown).unwrap_or_else(|_| "\"?\"".to_owned());
+                out.push('[');
+                out.push_str(&quoted);
+                if end < key.len() {
+                    out.push('…');
+                }
+                out.push(']');
+            }
+        }
+    }
+    out
+}
+
+/// Parse an SOP from JSON text.
+///
+/// Duplicate keys anywhere in the document are refused
+/// (`duplicate_field`), and nesting is bounded while parsing, so an
+/// over-deep document fails with `nesting_too_deep` naming the container
+/// instead of building it.
+pub fn parse_sop(json: &str, limits: &SopLimits) -> Result<Sop, SopError> {
+    // Root object, `steps` array and step object come before `arguments`.
+    let value = strict::parse_value(json, limits.depth() + 3, limits.depth())?;
+    sop_from_value(&value, limits)
+}
+
+/// Parse an SOP from an already-decoded JSON value (which cannot hold
+/// duplicate keys any more). The depth of `arguments` is measured
+/// iteratively, so an arbitrarily deep value is refused without recursion.
+pub fn sop_from_value(v: &Value, limits: &SopLimits) -> Result<Sop, SopError> {
+    let root = as_object(v, "", "an sop object")?;
+    reject_unknown(root, "", &["sop_id", "version", "steps"])?;
+
+    let sop_id = identifier(
+        required(root, "", "sop_id")?,
+        "sop_id",
+        limits,
+        SopId::parse,
+    )?;
+    let version = version(required(root, "", "version")?)?;
+
+    let raw_steps = required(root, "", "steps")?;
+    let Value::Array(items) = raw_steps else {
+        return Err(wrong_type("steps", "an array", raw_steps));
+    };
+    if items.is_empty() {
+        return Err(SopError::new("steps", SopErrorKind::EmptySop));
+    }
+    if items.len() > limits.max_steps {
+        return Err(SopError::new(
+            "steps",
+            SopErrorKind::TooManySteps {
+                count: items.len(),
+                max: limits.max_steps,
+            },
+        ));
+    }
+    let steps = items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| step(i, item, limits))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Sop {
+        sop_id,
+        version,
+        steps,
+    })
+}
+
+fn step(i: usize, item: &Value, limits: &SopLimits) -> Result<Step, SopError> {
+    let here = format!("steps[{i}]");
+    let field = |name: &str| format!("{here}.{name}");
+    let obj = as_object(item, &here, "a step object")?;
+    reject_unknown(obj, &here, &["step_id", "action", "arguments"])?;
+
+    let raw_id = required(obj, &here, "step_id")?;
+    let step_id = match raw_id {
+        Value::String(s) if s.is_empty() => None,
+        _ => Some(identifier(
+            raw_id,
+            &field("step_id"),
+            limits,
+            StepId::parse,
+        )?),
+    };
+    let action = identifier(
+        required(obj, &here, "action")?,
+        &field("action"),
+        limits,
+        ActionName::parse,
+    )?;
+    let arguments = match obj.get("arguments") {
+        None => Map::new(),
+        Some(Value::Object(args)) => {
+            let at = field("arguments");
+            check_depth(args, limits.depth(), &at)?;
+            if encoded_json_len_exceeds(args, limits.max_argument_bytes as u64) {
+                return Err(SopError::new(
+                    at,
+                    SopErrorKind::ArgumentsTooLarge {
+                        max: limits.max_argument_bytes,
+                    },
+                ));
+            }
+            args.clone()
+        }
+        Some(other) => return Err(wrong_type(field("arguments"), "an object", other)),
+    };
+    Ok(Step {
+        step_id,
+        action,
+        arguments,
+    })
+}
+
+fn as_object<'v>(
+    v: &'v Value,
+    at: &str,
+    expected: &'static str,
+) -> Result<&'v Map<String, Value>, SopError> {
+    match v {
+        Value::Object(map) => Ok(map),
+        other => Err(wrong_type(at, expected, other)),
+    }
+}
+
+fn reject_unknown(obj: &Map<String, Value>, at: &str, known: &[&str]) -> Result<(), SopError> {
+    match obj.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(key) => Err(SopError::new(
+            render_path(at, [PathSeg::Key(key)]),
+            SopErrorKind::UnknownField,
+        )),
+        None => Ok(()),
+    }
+}
+
+fn required<'v>(obj: &'v Map<String, Value>, at: &str, name: &str) -> Result<&'v Value, SopError> {
+    obj.get(name).ok_or_else(|| {
+        SopError::new(
+            render_path(at, [PathSeg::Key(name)]),
+            SopErrorKind::MissingField,
+        )
+    })
+}
+
+fn wrong_type(at: impl Into<String>, expected: &'static str, found: &Value) -> SopError {
+    SopError::new(
+        at,
+        SopErrorKind::WrongType {
+            expected,
+            found: type_name(found),
+        },
+    )
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(n) if n.is_f64() => "a floating-point number",
+        Value::Number(_) => "an integer",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn identifier<T>(
+    v: &Value,
+    at: &str,
+    limits: &SopLimits,
+    parse: fn(&str) -> Result<T, IdentifierError>,
+) -> Result<T, SopError> {
+    let Value::String(s) = v else {
+        return Err(wrong_type(at, "a string", v));
+    };
+    let problem = |p| SopError::new(at, SopErrorKind::InvalidIdentifier(p));
+    let max = limits.identifier_len();
+    if s.len() > max {
+        return Err(problem(IdentifierProblem::TooLong { len: s.len(), max }));
+    }
+    parse(s).map_err(|e| {
+        problem(match e {
+            IdentifierError::Empty => IdentifierProblem::Empty,
+            IdentifierError::TooLong { len } => IdentifierProblem::TooLong { len, max },
+            IdentifierError::BadChar { ch, at } => IdentifierProblem::BadChar { ch, at },
+        })
+    })
+}
+
+fn version(v: &Value) -> Result<u32, SopError> {
+    let invalid = || SopError::new("version", SopErrorKind::InvalidVersion);
+    match v {
+        Value::Number(n) if n.is_f64() => Err(wrong_type("version", "an integer", v)),
+        Value::Number(n) => match n.as_u64() {
+            Some(0) | None => Err(invalid()),
+            Some(big) => u32::try_from(big).map_err(|_| invalid()),
+        },
+        other => Err(wrong_type("version", "an integer", other)),
+    }
+}
+
+/// The children of a container, for the iterative depth walk.
+enum Children<'a> {
+    Object(serde_json::map::Iter<'a>),
+    Array(std::iter::Enumerate<std::slice::Iter<'a, Value>>),
+}
+
+impl<'a> Children<'a> {
+    fn of(v: &'a Value) -> Option<Self> {
+        match v {
+            Value::Object(map) => Some(Children::Object(map.iter())),
+            Value::Array(items) => Some(Children::Array(items.iter().enumerate())),
+            _ => None,
+        }
+    }
+
+    fn next(&mut self) -> Option<(PathSeg<'a>, &'a Value)> {
+        match self {
+            Children::Object(it) => it.next().map(|(k, v)| (PathSeg::Key(k), v)),
+            Children::Array(it) => it.next().map(|(i, v)| (PathSeg::Index(i), v)),
+        }
+    }
+}
+
+/// Refuse `args` if any container in it sits deeper than `max` (`args`
+/// itself being at depth 1). An explicit stack, at most `max` frames, so
+/// the walk cannot overflow the call stack however deep the value is.
+fn check_depth(args: &Map<String, Value>, max: usize, at: &str) -> Result<(), SopError> {
+    let too_deep = |path: String| SopError::new(path, SopErrorKind::NestingTooDeep { max });
+    if max == 0 {
+        return Err(too_deep(at.to_owned()));
+    }
+    struct Frame<'a> {
+        via: Option<PathSeg<'a>>,
+        children: Children<'a>,
+    }
+    let mut stack = vec![Frame {
+        via: None,
+        children: Children::Object(args.iter()),
+    }];
+    while let Some(top) = stack.last_mut() {
+        let Some((seg, child)) = top.children.next() else {
+            stack.pop();
+            continue;
+        };
+        let Some(children) = Children::of(child) else {
+            continue;
+        };
+        if stack.len() >= max {
+            let path = stack.iter().filter_map(|f| f.via).chain([seg]);
+            return Err(too_deep(render_path(at, path)));
+        }
+        stack.push(Frame {
+            via: Some(seg),
+            children,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
