@@ -250,40 +250,56 @@ fn visible(record: &MemoryRecord, reader: &AgentId, position: usize) -> bool {
 /// itself at position 0). `lookup(owner)` returns that owner's record for the
 /// key being read, if any. Cost is one lookup per lineage level: linear in
 /// depth, independent of how many agents or records exist.
-pub fn resolve<'a, 'r>(
+pub fn resolve<'a, 'r, L>(
     reader: &AgentId,
-    lineage: impl IntoIterator<Item = &'a AgentId>,
+    lineage: L,
     mut lookup: impl FnMut(&AgentId) -> Option<&'r MemoryRecord>,
     now: Timestamp,
-) -> Resolution<'r> {
-    // Records found on the lineage, nearest first, with their position.
-    let mut found: Vec<(usize, &'r MemoryRecord)> = Vec::new();
+) -> Resolution<'r>
+where
+    L: IntoIterator<Item = &'a AgentId>,
+    L::IntoIter: Clone,
+{
+    let lineage = lineage.into_iter();
+    // One pass finds the nearest live record and whether any visible
+    // `policy` record exists; the (rare) policy case takes a second pass.
+    let mut nearest: Option<(usize, &'r MemoryRecord)> = None;
+    let mut has_policy = false;
     let mut expired_own = false;
-    for (position, owner) in lineage.into_iter().enumerate() {
+    for (position, owner) in lineage.clone().enumerate() {
         if let Some(record) = lookup(owner) {
             if record.expired(now) {
                 expired_own |= position == 0;
                 continue;
             }
-            found.push((position, record));
+            if nearest.is_none() {
+                nearest = Some((position, record));
+            }
+            if matches!(record.class, RecordClass::Policy { .. })
+                && visible(record, reader, position)
+            {
+                has_policy = true;
+            }
         }
     }
 
-    let policy_levels: Vec<(usize, &'r MemoryRecord)> = found
-        .iter()
-        .copied()
-        .filter(|(pos, r)| {
-            matches!(r.class, RecordClass::Policy { .. }) && visible(r, reader, *pos)
-        })
-        .collect();
-    if !policy_levels.is_empty() {
-        return combine(policy_levels);
+    if has_policy {
+        let levels: Vec<(usize, &'r MemoryRecord)> = lineage
+            .enumerate()
+            .filter_map(|(pos, owner)| lookup(owner).map(|r| (pos, r)))
+            .filter(|(pos, r)| {
+                !r.expired(now)
+                    && matches!(r.class, RecordClass::Policy { .. })
+                    && visible(r, reader, *pos)
+            })
+            .collect();
+        return combine(levels);
     }
 
-    match found.first() {
-        Some((pos, record)) if visible(record, reader, *pos) => {
+    match nearest {
+        Some((pos, record)) if visible(record, reader, pos) => {
             let reason = match record.class {
-                RecordClass::Secret { .. } if *pos > 0 => reasons::SECRET_GRANTED,
+                RecordClass::Secret { .. } if pos > 0 => reasons::SECRET_GRANTED,
                 _ => Reason::with_param(reasons::VISIBLE_FROM, record.owner.as_str()),
             };
             Resolution::Found { record, reason }
@@ -373,6 +389,81 @@ fn combine_two(c: Combinator, a: Value, b: &Value) -> Value {
             }
             (other, _) => other,
         },
+    }
+}
+
+/// An in-memory index of records: `namespace → key → records by owner`.
+///
+/// Lookups borrow `&str`, so resolving allocates nothing; the per-key owner
+/// list is usually a handful of entries, so a resolve costs one hash of the
+/// namespace and key plus a short scan per lineage level, whatever the total
+/// number of records.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryIndex {
+    by_key: std::collections::HashMap<Namespace, std::collections::HashMap<Key, Vec<MemoryRecord>>>,
+    len: usize,
+}
+
+impl MemoryIndex {
+    /// An empty index.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the index is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Every record at `namespace.key`, any owner.
+    #[inline]
+    pub fn at(&self, namespace: &str, key: &str) -> &[MemoryRecord] {
+        self.by_key
+            .get(namespace)
+            .and_then(|m| m.get(key))
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// The record `owner` holds at `namespace.key`.
+    pub fn get(&self, owner: &str, namespace: &str, key: &str) -> Option<&MemoryRecord> {
+        self.at(namespace, key)
+            .iter()
+            .find(|r| r.owner.as_str() == owner)
+    }
+
+    /// Insert or replace `record` (by owner, namespace and key).
+    pub fn insert(&mut self, record: MemoryRecord) {
+        let slot = self
+            .by_key
+            .entry(record.namespace.clone())
+            .or_default()
+            .entry(record.key.clone())
+            .or_default();
+        match slot.iter_mut().find(|r| r.owner == record.owner) {
+            Some(existing) => *existing = record,
+            None => {
+                slot.push(record);
+                self.len += 1;
+            }
+        }
+    }
+
+    /// Remove the record `owner` holds at `namespace.key`.
+    pub fn remove(&mut self, owner: &str, namespace: &str, key: &str) -> Option<MemoryRecord> {
+        let slot = self.by_key.get_mut(namespace)?.get_mut(key)?;
+        let at = slot.iter().position(|r| r.owner.as_str() == owner)?;
+        self.len -= 1;
+        Some(slot.swap_remove(at))
+    }
+
+    /// Every record, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = &MemoryRecord> {
+        self.by_key.values().flat_map(|m| m.values()).flatten()
     }
 }
 
