@@ -22,6 +22,8 @@
 //!   owner and to agents named in its grants.
 //! - `task`: private temporary state with an optional expiry.
 
+use std::collections::HashMap;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -394,14 +396,35 @@ fn combine_two(c: Combinator, a: Value, b: &Value) -> Value {
 
 /// An in-memory index of records: `namespace → key → records by owner`.
 ///
-/// Lookups borrow `&str`, so resolving allocates nothing; the per-key owner
-/// list is usually a handful of entries, so a resolve costs one hash of the
-/// namespace and key plus a short scan per lineage level, whatever the total
+/// Lookups borrow `&str`, so resolving allocates nothing. The owners of one
+/// key are kept in a short vector while there are few of them and in a hash
+/// map once there are many, so a resolve costs one lookup of the namespace
+/// and key plus one cheap owner lookup per lineage level, whatever the total
 /// number of records.
 #[derive(Debug, Clone, Default)]
 pub struct MemoryIndex {
-    by_key: std::collections::HashMap<Namespace, std::collections::HashMap<Key, Vec<MemoryRecord>>>,
+    by_key: HashMap<Namespace, HashMap<Key, Slot>>,
     len: usize,
+}
+
+/// Owners of one key: a vector up to [`SLOT_SCAN_LIMIT`] entries, a map above.
+#[derive(Debug, Clone)]
+enum Slot {
+    Few(Vec<MemoryRecord>),
+    Many(HashMap<AgentId, MemoryRecord>),
+}
+
+/// How many owners of one key are scanned linearly before switching to a map.
+const SLOT_SCAN_LIMIT: usize = 16;
+
+impl Slot {
+    #[inline]
+    fn get(&self, owner: &str) -> Option<&MemoryRecord> {
+        match self {
+            Slot::Few(v) => v.iter().find(|r| r.owner.as_str() == owner),
+            Slot::Many(m) => m.get(owner),
+        }
+    }
 }
 
 impl MemoryIndex {
@@ -420,20 +443,16 @@ impl MemoryIndex {
         self.len == 0
     }
 
-    /// Every record at `namespace.key`, any owner.
+    /// A lookup for one `namespace.key`: `owner → record`. Resolve with
+    /// `resolve(reader, lineage, |o| view.get(o.as_str()), now)`.
     #[inline]
-    pub fn at(&self, namespace: &str, key: &str) -> &[MemoryRecord] {
-        self.by_key
-            .get(namespace)
-            .and_then(|m| m.get(key))
-            .map_or(&[], Vec::as_slice)
+    pub fn view(&self, namespace: &str, key: &str) -> KeyView<'_> {
+        KeyView(self.by_key.get(namespace).and_then(|m| m.get(key)))
     }
 
     /// The record `owner` holds at `namespace.key`.
     pub fn get(&self, owner: &str, namespace: &str, key: &str) -> Option<&MemoryRecord> {
-        self.at(namespace, key)
-            .iter()
-            .find(|r| r.owner.as_str() == owner)
+        self.view(namespace, key).get(owner)
     }
 
     /// Insert or replace `record` (by owner, namespace and key).
@@ -443,27 +462,69 @@ impl MemoryIndex {
             .entry(record.namespace.clone())
             .or_default()
             .entry(record.key.clone())
-            .or_default();
-        match slot.iter_mut().find(|r| r.owner == record.owner) {
-            Some(existing) => *existing = record,
-            None => {
-                slot.push(record);
-                self.len += 1;
+            .or_insert_with(|| Slot::Few(Vec::new()));
+        let added = match slot {
+            Slot::Few(v) => {
+                if let Some(existing) = v.iter_mut().find(|r| r.owner == record.owner) {
+                    *existing = record;
+                    false
+                } else if v.len() < SLOT_SCAN_LIMIT {
+                    v.push(record);
+                    true
+                } else {
+                    let mut m: HashMap<AgentId, MemoryRecord> =
+                        v.drain(..).map(|r| (r.owner.clone(), r)).collect();
+                    m.insert(record.owner.clone(), record);
+                    *slot = Slot::Many(m);
+                    true
+                }
             }
+            Slot::Many(m) => m.insert(record.owner.clone(), record).is_none(),
+        };
+        if added {
+            self.len += 1;
         }
     }
 
     /// Remove the record `owner` holds at `namespace.key`.
     pub fn remove(&mut self, owner: &str, namespace: &str, key: &str) -> Option<MemoryRecord> {
         let slot = self.by_key.get_mut(namespace)?.get_mut(key)?;
-        let at = slot.iter().position(|r| r.owner.as_str() == owner)?;
-        self.len -= 1;
-        Some(slot.swap_remove(at))
+        let removed = match slot {
+            Slot::Few(v) => {
+                let at = v.iter().position(|r| r.owner.as_str() == owner)?;
+                Some(v.swap_remove(at))
+            }
+            Slot::Many(m) => m.remove(owner),
+        };
+        if removed.is_some() {
+            self.len -= 1;
+        }
+        removed
     }
 
     /// Every record, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = &MemoryRecord> {
-        self.by_key.values().flat_map(|m| m.values()).flatten()
+        self.by_key
+            .values()
+            .flat_map(|m| m.values())
+            .flat_map(|slot| -> Box<dyn Iterator<Item = &MemoryRecord> + '_> {
+                match slot {
+                    Slot::Few(v) => Box::new(v.iter()),
+                    Slot::Many(m) => Box::new(m.values()),
+                }
+            })
+    }
+}
+
+/// The records of one `namespace.key`, by owner.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyView<'a>(Option<&'a Slot>);
+
+impl<'a> KeyView<'a> {
+    /// The record `owner` holds.
+    #[inline]
+    pub fn get(&self, owner: &str) -> Option<&'a MemoryRecord> {
+        self.0.and_then(|s| s.get(owner))
     }
 }
 
@@ -826,6 +887,23 @@ mod tests {
             Resolution::Denied { reason } => assert_eq!(reason.as_str(), "record_expired"),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn index_switches_to_a_map_and_keeps_counts() {
+        let mut idx = MemoryIndex::new();
+        for i in 0..40 {
+            idx.insert(rec(&format!("o{i}"), json!(i), Visibility::Private, RecordClass::Preference));
+        }
+        idx.insert(rec("o3", json!("again"), Visibility::Private, RecordClass::Preference));
+        assert_eq!(idx.len(), 40);
+        assert_eq!(idx.get("o3", "ns", "k").unwrap().value, json!("again"));
+        assert_eq!(idx.get("o39", "ns", "k").unwrap().value, json!(39));
+        assert!(idx.remove("o39", "ns", "k").is_some());
+        assert!(idx.get("o39", "ns", "k").is_none());
+        assert_eq!(idx.len(), 39);
+        assert_eq!(idx.iter().count(), 39);
+        assert!(idx.view("ns", "other").get("o1").is_none());
     }
 
     #[test]

@@ -1,0 +1,172 @@
+//! Hot in-process decisions: capability check, nearest-visible resolve by
+//! depth and record count, and whole-SOP preflight by length.
+//!
+//! `cargo bench -p warden-core --bench core`
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use serde_json::json;
+use warden_core::bundle::{Policy, compile};
+use warden_core::hierarchy::{AgentIdx, AgentSpec, Hierarchy};
+use warden_core::ids::{ActionName, AgentId, Key, Namespace};
+use warden_core::memory::{MemoryIndex, MemoryRecord, RecordClass, Visibility, resolve};
+use warden_core::preflight::{PreflightContext, preflight};
+use warden_core::time::Timestamp;
+
+const POLICY: &str = include_str!("../../../examples/report-hierarchy/policy.yaml");
+const ALL: [&str; 4] = ["memory.read", "memory.write", "document.summarize", "artifact.save"];
+
+fn policy() -> Policy {
+    compile(POLICY).unwrap()
+}
+
+fn spec(id: String, parent: Option<String>) -> AgentSpec {
+    AgentSpec {
+        id: AgentId::parse(&id).unwrap(),
+        parent: parent.map(|p| AgentId::parse(&p).unwrap()),
+        capabilities: ALL.iter().map(|a| ActionName::parse(a).unwrap()).collect(),
+    }
+}
+
+/// A chain of `depth` agents (`c0` root ... `c{depth-1}`) plus `filler`
+/// agents hanging off the root, so the agent count varies independently.
+fn hierarchy(p: &Policy, depth: usize, filler: usize) -> (Hierarchy, AgentIdx) {
+    let mut h = p.empty_hierarchy();
+    let index_of = |a: &ActionName| p.action_index(a);
+    let mut last = None;
+    for i in 0..depth {
+        let parent = (i > 0).then(|| format!("c{}", i - 1));
+        last = Some(h.register(&spec(format!("c{i}"), parent), &index_of).unwrap());
+    }
+    for i in 0..filler {
+        h.register(&spec(format!("f{i}"), Some("c0".into())), &index_of).unwrap();
+    }
+    (h, last.unwrap())
+}
+
+fn record(owner: &str, ns: &str, key: &str, v: i64) -> MemoryRecord {
+    MemoryRecord {
+        namespace: Namespace::parse(ns).unwrap(),
+        key: Key::parse(key).unwrap(),
+        value: json!(v),
+        owner: AgentId::parse(owner).unwrap(),
+        visibility: Visibility::Descendants,
+        class: RecordClass::Preference,
+        revision: 1,
+        created_at: Timestamp(0),
+        updated_at: Timestamp(0),
+    }
+}
+
+/// `total` records: the target `project.client_region` at the root (the
+/// worst case: the walk goes all the way up), 64 records at the same key
+/// owned by agents off the lineage, the rest spread over other keys.
+fn records(total: usize, filler_agents: usize) -> MemoryIndex {
+    let mut idx = MemoryIndex::new();
+    idx.insert(record("c0", "project", "client_region", 1));
+    for i in 0..64.min(filler_agents) {
+        idx.insert(record(&format!("f{i}"), "project", "client_region", 2));
+    }
+    let mut n = idx.len();
+    let mut i = 0usize;
+    while n < total {
+        let owner = format!("f{}", i % filler_agents.max(1));
+        idx.insert(record(&owner, &format!("ns{}", i % 1000), &format!("k{}", i / 1000), 3));
+        n = idx.len();
+        i += 1;
+    }
+    idx
+}
+
+fn capability(c: &mut Criterion) {
+    let p = policy();
+    let mut g = c.benchmark_group("capability_check");
+    for agents in [1_000usize, 1_000_000] {
+        let (h, leaf) = hierarchy(&p, 32, agents);
+        let action = p.catalogue.index_of("artifact.save").unwrap().get();
+        g.bench_with_input(BenchmarkId::new("by_index", agents), &agents, |b, _| {
+            b.iter(|| black_box(h.has_capability(black_box(leaf), black_box(action))))
+        });
+        g.bench_with_input(BenchmarkId::new("by_name", agents), &agents, |b, _| {
+            b.iter(|| {
+                let idx = h.index_of(black_box("f500")).unwrap();
+                let a = p.catalogue.index_of(black_box("artifact.save")).unwrap();
+                black_box(h.has_capability(idx, a.get()))
+            })
+        });
+    }
+    g.finish();
+}
+
+fn resolve_depth(c: &mut Criterion) {
+    let p = policy();
+    let mut g = c.benchmark_group("resolve");
+    for total in [1_000usize, 1_000_000] {
+        let filler = 1_000;
+        let idx = records(total, filler);
+        for depth in [1usize, 8, 32, 64] {
+            let (h, leaf) = hierarchy(&p, depth, filler);
+            let reader = h.node(leaf).unwrap().id().clone();
+            let now = Timestamp(1);
+            g.bench_with_input(BenchmarkId::new(format!("records_{total}"), depth), &depth, |b, _| {
+                b.iter(|| {
+                    let view = idx.view(black_box("project"), black_box("client_region"));
+                    let lineage = h.lineage(leaf).map(|(_, n)| n.id());
+                    let out = resolve(&reader, lineage, |o| view.get(o.as_str()), now);
+                    black_box(out);
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+fn sop_json(steps: usize) -> String {
+    let kinds = [
+        json!({"action": "document.summarize", "arguments": {"document_id": "fixture-1"}}),
+        json!({"action": "artifact.save", "arguments": {"path": "internal/reports/q3/summary.txt", "content_type": "text/plain"}}),
+        json!({"action": "external.upload", "arguments": {"destination": "https://uploads.example.com/drop/q3"}}),
+        json!({"action": "memory.read", "arguments": {"namespace": "project", "key": "client_region"}}),
+        json!({"action": "memory.write", "arguments": {"namespace": "notes", "key": "status", "value": {"stage": 2}}}),
+    ];
+    let steps: Vec<_> = (0..steps)
+        .map(|i| {
+            let mut s = kinds[i % kinds.len()].clone();
+            s["step_id"] = json!(format!("step-{i}"));
+            s
+        })
+        .collect();
+    json!({"sop_id": "bench", "version": 1, "steps": steps}).to_string()
+}
+
+fn preflight_len(c: &mut Criterion) {
+    let p = policy();
+    let mut h = p.empty_hierarchy();
+    let index_of = |a: &ActionName| p.action_index(a);
+    for a in &p.agents {
+        h.register(&warden_core::bundle::seed_spec(a), &index_of).unwrap();
+    }
+    let actor = AgentId::parse("report_manager").unwrap();
+    let ctx = PreflightContext { hierarchy: &h, catalogue: &p.catalogue, policy_version: &p.version };
+    let mut g = c.benchmark_group("preflight");
+    for steps in [10usize, 25, 50] {
+        let text = sop_json(steps);
+        let sop = warden_core::sop::parse_sop(&text, &p.sop_limits).unwrap();
+        assert!(preflight(&ctx, &actor, &sop, Timestamp(0)).admitted);
+        g.bench_with_input(BenchmarkId::new("steps", steps), &steps, |b, _| {
+            b.iter(|| black_box(preflight(&ctx, black_box(&actor), black_box(&sop), Timestamp(0))))
+        });
+        g.bench_with_input(BenchmarkId::new("parse_and_preflight", steps), &steps, |b, _| {
+            b.iter(|| {
+                let sop = warden_core::sop::parse_sop(black_box(&text), &p.sop_limits).unwrap();
+                black_box(preflight(&ctx, &actor, &sop, Timestamp(0)))
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, capability, resolve_depth, preflight_len);
+criterion_main!(benches);
