@@ -3,5 +3,6 @@
 
 mod acceptance;
 mod adversarial;
+mod lockdown;
 mod properties;
 mod support;
