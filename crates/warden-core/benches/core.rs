@@ -16,7 +16,12 @@ use warden_core::preflight::{PreflightContext, preflight};
 use warden_core::time::Timestamp;
 
 const POLICY: &str = include_str!("../../../examples/report-hierarchy/policy.yaml");
-const ALL: [&str; 4] = ["memory.read", "memory.write", "document.summarize", "artifact.save"];
+const ALL: [&str; 4] = [
+    "memory.read",
+    "memory.write",
+    "document.summarize",
+    "artifact.save",
+];
 
 fn policy() -> Policy {
     compile(POLICY).unwrap()
@@ -38,10 +43,14 @@ fn hierarchy(p: &Policy, depth: usize, filler: usize) -> (Hierarchy, AgentIdx) {
     let mut last = None;
     for i in 0..depth {
         let parent = (i > 0).then(|| format!("c{}", i - 1));
-        last = Some(h.register(&spec(format!("c{i}"), parent), &index_of).unwrap());
+        last = Some(
+            h.register(&spec(format!("c{i}"), parent), &index_of)
+                .unwrap(),
+        );
     }
     for i in 0..filler {
-        h.register(&spec(format!("f{i}"), Some("c0".into())), &index_of).unwrap();
+        h.register(&spec(format!("f{i}"), Some("c0".into())), &index_of)
+            .unwrap();
     }
     (h, last.unwrap())
 }
@@ -73,7 +82,12 @@ fn records(total: usize, filler_agents: usize) -> MemoryIndex {
     let mut i = 0usize;
     while n < total {
         let owner = format!("f{}", i % filler_agents.max(1));
-        idx.insert(record(&owner, &format!("ns{}", i % 1000), &format!("k{}", i / 1000), 3));
+        idx.insert(record(
+            &owner,
+            &format!("ns{}", i % 1000),
+            &format!("k{}", i / 1000),
+            3,
+        ));
         n = idx.len();
         i += 1;
     }
@@ -110,14 +124,18 @@ fn resolve_depth(c: &mut Criterion) {
             let (h, leaf) = hierarchy(&p, depth, filler);
             let reader = h.node(leaf).unwrap().id().clone();
             let now = Timestamp(1);
-            g.bench_with_input(BenchmarkId::new(format!("records_{total}"), depth), &depth, |b, _| {
-                b.iter(|| {
-                    let view = idx.view(black_box("project"), black_box("client_region"));
-                    let lineage = h.lineage(leaf).map(|(_, n)| n.id());
-                    let out = resolve(&reader, lineage, |o| view.get(o.as_str()), now);
-                    black_box(out);
-                })
-            });
+            g.bench_with_input(
+                BenchmarkId::new(format!("records_{total}"), depth),
+                &depth,
+                |b, _| {
+                    b.iter(|| {
+                        let view = idx.view(black_box("project"), black_box("client_region"));
+                        let lineage = h.lineage(leaf).map(|(_, n)| n.id());
+                        let out = resolve(&reader, lineage, |o| view.get(o.as_str()), now);
+                        black_box(out);
+                    })
+                },
+            );
         }
     }
     g.finish();
@@ -146,24 +164,40 @@ fn preflight_len(c: &mut Criterion) {
     let mut h = p.empty_hierarchy();
     let index_of = |a: &ActionName| p.action_index(a);
     for a in &p.agents {
-        h.register(&warden_core::bundle::seed_spec(a), &index_of).unwrap();
+        h.register(&warden_core::bundle::seed_spec(a), &index_of)
+            .unwrap();
     }
     let actor = AgentId::parse("report_manager").unwrap();
-    let ctx = PreflightContext { hierarchy: &h, catalogue: &p.catalogue, policy_version: &p.version };
+    let ctx = PreflightContext {
+        hierarchy: &h,
+        catalogue: &p.catalogue,
+        policy_version: &p.version,
+    };
     let mut g = c.benchmark_group("preflight");
     for steps in [10usize, 25, 50] {
         let text = sop_json(steps);
         let sop = warden_core::sop::parse_sop(&text, &p.sop_limits).unwrap();
         assert!(preflight(&ctx, &actor, &sop, Timestamp(0)).admitted);
         g.bench_with_input(BenchmarkId::new("steps", steps), &steps, |b, _| {
-            b.iter(|| black_box(preflight(&ctx, black_box(&actor), black_box(&sop), Timestamp(0))))
-        });
-        g.bench_with_input(BenchmarkId::new("parse_and_preflight", steps), &steps, |b, _| {
             b.iter(|| {
-                let sop = warden_core::sop::parse_sop(black_box(&text), &p.sop_limits).unwrap();
-                black_box(preflight(&ctx, &actor, &sop, Timestamp(0)))
+                black_box(preflight(
+                    &ctx,
+                    black_box(&actor),
+                    black_box(&sop),
+                    Timestamp(0),
+                ))
             })
         });
+        g.bench_with_input(
+            BenchmarkId::new("parse_and_preflight", steps),
+            &steps,
+            |b, _| {
+                b.iter(|| {
+                    let sop = warden_core::sop::parse_sop(black_box(&text), &p.sop_limits).unwrap();
+                    black_box(preflight(&ctx, &actor, &sop, Timestamp(0)))
+                })
+            },
+        );
     }
     g.finish();
 }

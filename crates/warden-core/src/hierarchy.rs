@@ -15,7 +15,9 @@
 //! and point at their parent by index, so a lineage walk is pointer chasing
 //! with no hashing.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use crate::FastMap as HashMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -184,7 +186,7 @@ impl Hierarchy {
     pub fn new(environment: CapSet, non_root_forbidden: CapSet, limits: HierarchyLimits) -> Self {
         Self {
             nodes: Vec::new(),
-            by_id: HashMap::new(),
+            by_id: HashMap::default(),
             environment,
             non_root_forbidden,
             limits,

@@ -33,3 +33,6 @@ pub mod memory;
 pub mod preflight;
 pub mod sop;
 pub mod time;
+
+/// The hash map used on hot paths: foldhash (fast, seeded per map).
+pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;

@@ -22,7 +22,7 @@
 //!   owner and to agents named in its grants.
 //! - `task`: private temporary state with an optional expiry.
 
-use std::collections::HashMap;
+use crate::FastMap as HashMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -504,15 +504,14 @@ impl MemoryIndex {
 
     /// Every record, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = &MemoryRecord> {
-        self.by_key
-            .values()
-            .flat_map(|m| m.values())
-            .flat_map(|slot| -> Box<dyn Iterator<Item = &MemoryRecord> + '_> {
+        self.by_key.values().flat_map(|m| m.values()).flat_map(
+            |slot| -> Box<dyn Iterator<Item = &MemoryRecord> + '_> {
                 match slot {
                     Slot::Few(v) => Box::new(v.iter()),
                     Slot::Many(m) => Box::new(m.values()),
                 }
-            })
+            },
+        )
     }
 }
 
@@ -893,9 +892,19 @@ mod tests {
     fn index_switches_to_a_map_and_keeps_counts() {
         let mut idx = MemoryIndex::new();
         for i in 0..40 {
-            idx.insert(rec(&format!("o{i}"), json!(i), Visibility::Private, RecordClass::Preference));
+            idx.insert(rec(
+                &format!("o{i}"),
+                json!(i),
+                Visibility::Private,
+                RecordClass::Preference,
+            ));
         }
-        idx.insert(rec("o3", json!("again"), Visibility::Private, RecordClass::Preference));
+        idx.insert(rec(
+            "o3",
+            json!("again"),
+            Visibility::Private,
+            RecordClass::Preference,
+        ));
         assert_eq!(idx.len(), 40);
         assert_eq!(idx.get("o3", "ns", "k").unwrap().value, json!("again"));
         assert_eq!(idx.get("o39", "ns", "k").unwrap().value, json!(39));

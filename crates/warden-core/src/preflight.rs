@@ -111,9 +111,9 @@ pub fn preflight(
                 }
                 let action = step.action.as_str();
                 if action == MEMORY_WRITE || action == MEMORY_READ {
-                    check_memory_step(action, &step.arguments, actor, &mut violations);
+                    check_memory_step(action, step.arguments(), actor, &mut violations);
                 }
-                violations.extend(ctx.catalogue.check_arguments(idx, &step.arguments));
+                violations.extend(ctx.catalogue.check_argument_value(idx, &step.arguments));
             }
         }
         let (verdict, reason) = match violations.first() {

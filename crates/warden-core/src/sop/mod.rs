@@ -98,11 +98,21 @@ pub struct Step {
     pub step_id: Option<StepId>,
     /// The action it asks for (not yet checked against the catalogue).
     pub action: ActionName,
-    /// Its arguments; `{}` when the SOP omitted them.
-    pub arguments: Map<String, Value>,
+    /// Its arguments: always a JSON object (`{}` when the SOP omitted
+    /// them). Kept as a `Value` so argument checks validate it in place.
+    pub arguments: Value,
 }
 
 impl Step {
+    /// The arguments as a map.
+    pub fn arguments(&self) -> &Map<String, Value> {
+        static EMPTY: std::sync::OnceLock<Map<String, Value>> = std::sync::OnceLock::new();
+        match &self.arguments {
+            Value::Object(m) => m,
+            _ => EMPTY.get_or_init(Map::new),
+        }
+    }
+
     /// The step id as written (`""` when empty).
     pub fn step_id_str(&self) -> &str {
         self.step_id.as_ref().map_or("", StepId::as_str)
@@ -420,7 +430,7 @@ fn step(i: usize, item: &Value, limits: &SopLimits) -> Result<Step, SopError> {
         ActionName::parse,
     )?;
     let arguments = match obj.get("arguments") {
-        None => Map::new(),
+        None => Value::Object(Map::new()),
         Some(Value::Object(args)) => {
             let at = field("arguments");
             check_depth(args, limits.depth(), &at)?;
@@ -432,7 +442,7 @@ fn step(i: usize, item: &Value, limits: &SopLimits) -> Result<Step, SopError> {
                     },
                 ));
             }
-            args.clone()
+            Value::Object(args.clone())
         }
         Some(other) => return Err(wrong_type(field("arguments"), "an object", other)),
     };

@@ -99,7 +99,7 @@ fn fixtures_meet_the_lab_catalogue() {
             .iter()
             .map(|step| match cat.index_of(step.action.as_str()) {
                 Some(idx) => cat
-                    .check_arguments(idx, &step.arguments)
+                    .check_argument_value(idx, &step.arguments)
                     .iter()
                     .map(|r| r.as_str().to_owned())
                     .collect(),
@@ -124,7 +124,7 @@ fn fixtures_meet_the_lab_catalogue() {
 #[test]
 fn arguments_default_to_an_empty_object() {
     let sop = parse(sop_with_step(json!({"step_id": "a", "action": "x.y"}))).unwrap();
-    assert!(sop.steps[0].arguments.is_empty());
+    assert!(sop.steps[0].arguments().is_empty());
 }
 
 #[test]
