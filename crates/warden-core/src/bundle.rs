@@ -20,6 +20,7 @@ use serde_json::Value;
 use crate::audit::Digest;
 use crate::capability::CapSet;
 use crate::catalogue::{ActionCatalogue, ActionSpec};
+use crate::envelope::{ContextPolicy, ContextPolicySpec};
 use crate::hierarchy::{AgentSpec, Hierarchy, HierarchyError, HierarchyLimits};
 use crate::ids::{ActionName, AgentId, Key, Namespace};
 use crate::lockdown::{self, BLOCK_WRITE_TAG};
@@ -51,7 +52,7 @@ pub struct BundleSpec {
     pub memory: Vec<MemorySeed>,
     /// Context accumulation: labels, aggregation rules, restrictions.
     #[serde(default)]
-    pub context: Option<Value>,
+    pub context: Option<ContextPolicySpec>,
     /// Per-agent quotas enforced by the server.
     #[serde(default)]
     pub quotas: QuotasSpec,
@@ -225,7 +226,7 @@ pub struct Policy {
     /// Memory to seed, validated.
     pub memory: Vec<MemorySeed>,
     /// Context accumulation policy, if configured.
-    pub context: Option<Value>,
+    pub context: Option<ContextPolicy>,
     /// Quotas.
     pub quotas: QuotasSpec,
     /// SHA-256 of the bundle text.
@@ -285,7 +286,16 @@ impl Policy {
             }
         };
 
-        let context = spec.context.clone();
+        let context = match &spec.context {
+            None => None,
+            Some(c) => match ContextPolicy::compile(c) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    push("context".into(), e.to_string());
+                    None
+                }
+            },
+        };
 
         let limits = &spec.limits;
         let hierarchy_limits = HierarchyLimits {

@@ -14,7 +14,7 @@ use super::policy::{
 use super::reasons;
 use super::state::Envelope;
 use crate::decision::{Decision, Obligation, Reason, Verdict};
-use crate::ids::{ActionName, AgentId, Label};
+use crate::ids::{ActionName, Label};
 use crate::time::Timestamp;
 
 /// An action as the catalogue describes it: its name and its tags.
@@ -173,7 +173,7 @@ impl ContextDecision {
     /// The full decision record.
     pub fn into_decision(
         self,
-        subject: AgentId,
+        subject: impl Into<crate::decision::Subject>,
         operation: impl Into<String>,
         resource: impl Into<String>,
         policy_version: impl Into<String>,
@@ -183,7 +183,7 @@ impl ContextDecision {
             obligations: self.obligations.to_vec(),
             verdict: self.verdict,
             reason: self.reason,
-            subject,
+            subject: subject.into(),
             operation: operation.into(),
             resource: resource.into(),
             policy_version: policy_version.into(),
