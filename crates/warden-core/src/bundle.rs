@@ -498,3 +498,96 @@ pub fn seed_class(m: &MemorySeed) -> Result<RecordClass, String> {
     }
     Ok(class)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const LAB: &str = include_str!("../../../examples/report-hierarchy/policy.yaml");
+
+    #[test]
+    fn the_example_bundle_compiles() {
+        let p = compile(LAB).unwrap();
+        assert_eq!(p.version, "lab-1");
+        assert!(p.catalogue.index_of("memory.read").is_some());
+        assert_eq!(p.agents.len(), 3);
+    }
+
+    #[test]
+    fn json_and_yaml_give_the_same_policy() {
+        let spec = parse_spec(LAB).unwrap();
+        let json = serde_json::to_string(&spec).unwrap();
+        assert_eq!(parse_spec(&json).unwrap(), spec);
+    }
+
+    #[test]
+    fn problems_are_located_and_all_reported() {
+        let bad = LAB
+            .replace("    parent: researcher\n", "    parent: nobody\n")
+            .replace(
+                "environment_capabilities:\n",
+                "environment_capabilities:\n  - shell.eval\n",
+            )
+            .replace("class: policy, combine: all", "class: policy");
+        let err = compile(&bad).unwrap_err();
+        let locations: Vec<&str> = err.issues.iter().map(|i| i.location.as_str()).collect();
+        assert!(
+            locations.contains(&"environment_capabilities[0]"),
+            "{locations:?}"
+        );
+        assert!(locations.contains(&"agents[2]"), "{locations:?}");
+        assert!(
+            locations.iter().any(|l| l.starts_with("memory[")),
+            "{locations:?}"
+        );
+    }
+
+    #[test]
+    fn syntax_errors_and_unknown_fields_are_refused() {
+        assert!(compile("policy_version: [unclosed").is_err());
+        assert!(compile("{\"policy_version\": \"x\", \"surprise\": 1}").is_err());
+        let err = compile("policy_version: x\nagents:\n  - {id: a, parnet: b}\n").unwrap_err();
+        assert!(err.issues[0].message.contains("parnet"), "{err:?}");
+    }
+
+    #[test]
+    fn the_schema_names_every_top_level_field() {
+        let schema = schema();
+        let props = schema["properties"].as_object().unwrap();
+        for field in [
+            "policy_version",
+            "environment_capabilities",
+            "actions",
+            "agents",
+            "memory",
+            "context",
+            "quotas",
+            "limits",
+        ] {
+            assert!(props.contains_key(field), "{field}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// The bundle parser never panics, whatever the text.
+        #[test]
+        fn arbitrary_text_never_panics(text in "\\PC{0,200}") {
+            let _ = compile(&text);
+        }
+
+        /// Mutating the example bundle byte by byte never panics.
+        #[test]
+        fn mutated_bundles_never_panic(at in 0usize..4000, byte in any::<u8>()) {
+            let mut bytes = LAB.as_bytes().to_vec();
+            if let Some(b) = bytes.get_mut(at % LAB.len()) {
+                *b = byte;
+            }
+            if let Ok(text) = String::from_utf8(bytes) {
+                let _ = compile(&text);
+            }
+        }
+    }
+}
