@@ -5,6 +5,7 @@
 mod bad_input;
 mod crash;
 mod durability;
+mod support;
 mod tamper;
 
 mod conformance {
