@@ -239,10 +239,7 @@ fn open_failed(path: &Path, e: rusqlite::Error) -> StoreError {
 /// schema version. Never writes the file.
 pub(crate) fn open_reader(path: &Path) -> Result<Connection, StoreError> {
     if !path.exists() {
-        return Err(StoreError::NotFound(format!(
-            "database `{}`",
-            display(path)
-        )));
+        return Err(StoreError::NotFound(display(path)));
     }
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags).map_err(|e| open_failed(path, e))?;
@@ -263,7 +260,7 @@ pub(crate) fn open_writer(options: &SqliteOptions) -> Result<Option<Connection>,
     }
     let exists = path.exists();
     if !exists && options.mode == OpenMode::ReadWrite {
-        return Err(StoreError::NotFound(format!("database `{p}`")));
+        return Err(StoreError::NotFound(p));
     }
     let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     if options.mode == OpenMode::ReadWriteCreate {
