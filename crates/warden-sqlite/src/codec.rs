@@ -8,7 +8,7 @@ use rusqlite::Row;
 use rusqlite::types::FromSql;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use warden_core::audit::{AuditDraft, AuditEntry, Digest};
+use warden_core::audit::{AuditDraft, AuditEntry, Digest, EntryRef};
 use warden_core::decision::Verdict;
 use warden_core::hierarchy::AgentStatus;
 use warden_core::ids::{AgentId, Key, Namespace, RunId, StepId};
@@ -275,6 +275,63 @@ pub(crate) fn audit_from_row(row: &Row<'_>) -> Result<AuditEntry, BadEntry> {
         },
         prev_hash: blob(9)?,
         hash: blob(10)?,
+    })
+}
+
+/// An audit row's fields borrowed from the cursor: the allocation-free
+/// path of verification. Checks that each field is one Warden could have
+/// written (text where text belongs, a known verdict, JSON details, 32-byte
+/// hashes); the chain verifier checks the rest.
+pub(crate) fn audit_ref<'r>(row: &'r Row<'_>) -> Result<EntryRef<'r>, BadEntry> {
+    let seq_raw = row
+        .get_ref(0)
+        .and_then(|v| v.as_i64().map_err(Into::into))
+        .map_err(|e| BadEntry {
+            seq: 0,
+            reason: e.to_string(),
+        })?;
+    let seq = u64::try_from(seq_raw).map_err(|_| BadEntry {
+        seq: 0,
+        reason: format!("negative sequence number {seq_raw}"),
+    })?;
+    let bad = |reason: String| BadEntry { seq, reason };
+    let text = |i: usize| -> Result<&'r str, BadEntry> {
+        row.get_ref(i)
+            .and_then(|v| v.as_str().map_err(Into::into))
+            .map_err(|e| bad(e.to_string()))
+    };
+    let hash = |i: usize| -> Result<Digest, BadEntry> {
+        let b = row
+            .get_ref(i)
+            .and_then(|v| v.as_blob().map_err(Into::into))
+            .map_err(|e| bad(e.to_string()))?;
+        <[u8; 32]>::try_from(b)
+            .map(Digest)
+            .map_err(|_| bad(format!("a hash of {} bytes", b.len())))
+    };
+    let time = row
+        .get_ref(1)
+        .and_then(|v| v.as_i64().map_err(Into::into))
+        .map_err(|e| bad(e.to_string()))?;
+    let verdict = text(5)?;
+    if verdict_from_sql(verdict).is_none() {
+        return Err(bad(format!("unknown verdict `{verdict}`")));
+    }
+    let details = text(8)?;
+    serde_json::from_str::<serde::de::IgnoredAny>(details)
+        .map_err(|e| bad(format!("details are not json: {e}")))?;
+    Ok(EntryRef {
+        seq,
+        time: Timestamp(time),
+        subject: text(2)?,
+        operation: text(3)?,
+        resource: text(4)?,
+        verdict,
+        reason: text(6)?,
+        policy_version: text(7)?,
+        details: details.as_bytes(),
+        prev_hash: hash(9)?,
+        hash: hash(10)?,
     })
 }
 

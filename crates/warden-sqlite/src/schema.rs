@@ -248,6 +248,14 @@ pub(crate) fn open_reader(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
+/// Open the checkpointer's connection to a database the writer has opened.
+pub(crate) fn open_checkpointer(path: &Path) -> Result<Connection, StoreError> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| open_failed(path, e))?;
+    configure(&conn)?;
+    Ok(conn)
+}
+
 /// Open the connection that writes, creating and migrating the file as
 /// `options` allow. For [`OpenMode::ReadOnly`] this checks the file and
 /// returns `None`: the store then has no writer.

@@ -49,10 +49,12 @@ impl Readers {
 
 /// The SQLite [`Store`]. See the [crate docs](crate) for the design.
 pub struct SqliteStore {
-    // Field order is drop order: the writer thread finishes and closes its
-    // connection before the temporary directory (if any) is removed.
-    writer: Option<Writer>,
+    // Field order is drop order: idle readers close first, then the writer
+    // thread finishes, closes its connection last (checkpointing the WAL
+    // into the file), and only then is the temporary directory (if any)
+    // removed.
     readers: Arc<Readers>,
+    writer: Option<Writer>,
     options: SqliteOptions,
     _temp: Option<tempfile::TempDir>,
 }
@@ -123,7 +125,7 @@ impl SqliteStore {
         temp: Option<tempfile::TempDir>,
     ) -> Result<Self, StoreError> {
         let writer = match schema::open_writer(&options)? {
-            Some(conn) => Some(Writer::spawn(conn, options.max_batch)?),
+            Some(conn) => Some(Writer::spawn(conn, &options.path, options.max_batch)?),
             None => None,
         };
         let readers = Arc::new(Readers {
@@ -135,8 +137,8 @@ impl SqliteStore {
         let first = readers.take()?;
         readers.give_back(first);
         Ok(Self {
-            writer,
             readers,
+            writer,
             options,
             _temp: temp,
         })
@@ -169,6 +171,21 @@ impl SqliteStore {
         blocking(run).await?
     }
 
+    /// A bounded point lookup (a primary-key or unique-index probe, a few
+    /// microseconds): run it right here. Handing it to a blocking thread
+    /// would cost several times the lookup itself.
+    fn read_now<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        F: FnOnce(&mut Connection) -> Result<R, StoreError>,
+    {
+        let mut conn = self.readers.take()?;
+        let result = f(&mut conn);
+        self.readers.give_back(conn);
+        result
+    }
+
+    /// A read whose cost grows with the data (a scan): run it on tokio's
+    /// blocking threads so it never stalls the executor.
     async fn read<R, F>(&self, f: F) -> Result<R, StoreError>
     where
         F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
@@ -650,7 +667,7 @@ impl Store for SqliteStore {
         &self,
         hash: warden_core::audit::Digest,
     ) -> Result<Option<TokenRecord>, StoreError> {
-        self.read(move |conn| {
+        self.read_now(move |conn| {
             let mut stmt = conn
                 .prepare_cached(&format!(
                     "SELECT {} FROM tokens WHERE hash = ?1",
@@ -663,7 +680,6 @@ impl Store for SqliteStore {
                 None => Ok(None),
             }
         })
-        .await
     }
 
     async fn revoke_token(
@@ -696,7 +712,7 @@ impl Store for SqliteStore {
         if owners.is_empty() {
             return Ok(Vec::new());
         }
-        self.read(move |conn| {
+        self.read_now(move |conn| {
             // One statement, so one snapshot, whatever the lineage depth.
             let owner_list = codec::json_text(&owners)?;
             let mut stmt = conn
@@ -722,7 +738,6 @@ impl Store for SqliteStore {
             }
             Ok(out)
         })
-        .await
     }
 
     async fn put_record(
@@ -783,7 +798,7 @@ impl Store for SqliteStore {
     }
 
     async fn audit_head(&self) -> Result<ChainHead, StoreError> {
-        self.read(|conn| crate::audit::read_head(conn)).await
+        self.read_now(|conn| crate::audit::read_head(conn))
     }
 
     async fn create_run(

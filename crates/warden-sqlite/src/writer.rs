@@ -18,15 +18,28 @@
 //!
 //! A command that panics (an `AuditFn` is caller code) is caught, rolled
 //! back and answered with `StoreError::Backend`; the thread carries on.
+//!
+//! Checkpoints (copying the write-ahead log back into the database file,
+//! with its own fsyncs) run on a second thread with its own connection,
+//! woken by the writer's WAL hook once the log holds
+//! [`CHECKPOINT_PAGES`] pages. SQLite's automatic checkpoint would run them
+//! inside a COMMIT on the writer, holding up every acknowledgement of that
+//! group; a passive checkpoint beside the writer blocks neither it nor the
+//! readers.
 
 use std::collections::VecDeque;
+use std::ffi::c_int;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::Path;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
 use rusqlite::Connection;
+use rusqlite::hooks::Wal;
+use rusqlite::wal::CheckpointMode;
 use tokio::sync::oneshot;
 use warden_core::audit::{AuditDraft, ChainHead};
+use warden_core::canonical::to_canonical;
 use warden_store::StoreError;
 
 use crate::error::{SqlResultExt, map};
@@ -62,7 +75,8 @@ impl<'c> Tx<'c> {
             .store()?;
         let mut head = self.head;
         for draft in drafts {
-            let details = serde_json::to_string(&draft.details)
+            // Canonical text: the verifier hashes exactly these bytes.
+            let details = String::from_utf8(to_canonical(&draft.details))
                 .map_err(|e| StoreError::Backend(format!("audit details: {e}")))?;
             let entry = draft.seal(head.seq + 1, head.hash);
             stmt.execute(rusqlite::params![
@@ -191,13 +205,49 @@ pub(crate) struct Writer {
     thread: Option<JoinHandle<()>>,
 }
 
+/// WAL size (in pages) at which the checkpointer is woken.
+pub(crate) const CHECKPOINT_PAGES: c_int = 1000;
+
+type WalHook = fn(&mut Wal, c_int) -> rusqlite::Result<()>;
+
+/// Start the checkpointer for the database at `path`; it stops once the
+/// writer's WAL hook (which holds the other end of its channel) is removed.
+fn spawn_checkpointer(writer: &mut Connection, path: &Path) -> Result<JoinHandle<()>, StoreError> {
+    let conn = crate::schema::open_checkpointer(path)?;
+    let (kick, kicked) = mpsc::sync_channel::<()>(1);
+    writer
+        .wal_hook(Some(move |_: &mut Wal, pages: c_int| {
+            if pages >= CHECKPOINT_PAGES {
+                // Already pending is as good as sent.
+                let _ = kick.try_send(());
+            }
+            Ok(())
+        }))
+        .store()?;
+    std::thread::Builder::new()
+        .name("warden-sqlite-checkpointer".into())
+        .spawn(move || {
+            while kicked.recv().is_ok() {
+                // Best effort: a checkpoint that cannot finish now (a reader
+                // holds old frames) is retried at the next wake-up.
+                let _ = conn.wal_checkpoint_v2(None::<&str>, CheckpointMode::PASSIVE);
+            }
+        })
+        .map_err(|e| StoreError::Backend(format!("cannot start the checkpointer thread: {e}")))
+}
+
 impl Writer {
-    /// Start the writer thread on `conn`.
-    pub(crate) fn spawn(conn: Connection, max_batch: usize) -> Result<Self, StoreError> {
+    /// Start the writer thread on `conn`, the connection to `path`.
+    pub(crate) fn spawn(
+        mut conn: Connection,
+        path: &Path,
+        max_batch: usize,
+    ) -> Result<Self, StoreError> {
+        let checkpointer = spawn_checkpointer(&mut conn, path)?;
         let (sender, receiver) = mpsc::channel::<Box<dyn Command>>();
         let thread = std::thread::Builder::new()
             .name("warden-sqlite-writer".into())
-            .spawn(move || run(conn, receiver, max_batch.max(1)))
+            .spawn(move || run(conn, receiver, max_batch.max(1), checkpointer))
             .map_err(|e| StoreError::Backend(format!("cannot start the writer thread: {e}")))?;
         Ok(Self {
             sender: Some(sender),
@@ -232,7 +282,12 @@ impl Drop for Writer {
     }
 }
 
-fn run(conn: Connection, receiver: mpsc::Receiver<Box<dyn Command>>, max_batch: usize) {
+fn run(
+    mut conn: Connection,
+    receiver: mpsc::Receiver<Box<dyn Command>>,
+    max_batch: usize,
+    checkpointer: JoinHandle<()>,
+) {
     let mut queue: VecDeque<Box<dyn Command>> = VecDeque::new();
     loop {
         if queue.is_empty() {
@@ -249,7 +304,11 @@ fn run(conn: Connection, receiver: mpsc::Receiver<Box<dyn Command>>, max_batch: 
         }
         commit_group(&conn, &mut queue, max_batch);
     }
-    // Closing the last connection checkpoints the WAL into the main file.
+    // Stop the checkpointer (removing the hook drops its channel), so that
+    // this connection closes last: closing the last connection checkpoints
+    // the WAL into the main file and removes it.
+    let _ = conn.wal_hook(None::<WalHook>);
+    let _ = checkpointer.join();
     let _ = conn.close();
 }
 

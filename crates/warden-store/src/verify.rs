@@ -26,7 +26,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
-use warden_core::audit::{AuditEntry, ChainBreak, ChainHead, ChainVerifier, Digest};
+use warden_core::audit::{AuditEntry, ChainBreak, ChainHead, ChainVerifier, Digest, EntryRef};
 
 use crate::{Store, StoreError};
 
@@ -188,20 +188,31 @@ impl AuditChecker {
     /// Check the next entry.
     pub fn push(&mut self, entry: &AuditEntry) -> Result<(), VerifyError> {
         self.verifier.push(entry)?;
-        if entry.seq == self.recorded.seq && entry.hash != self.recorded.hash {
-            return Err(ChainBreak::HeadMismatch { seq: entry.seq }.into());
+        self.against_heads(entry.seq, &entry.hash)
+    }
+
+    /// Check the next entry given as borrowed stored fields (a backend's
+    /// allocation-free path; see `warden_core::audit::EntryRef`).
+    pub fn push_ref(&mut self, entry: &EntryRef<'_>) -> Result<(), VerifyError> {
+        self.verifier.push_ref(entry)?;
+        self.against_heads(entry.seq, &entry.hash)
+    }
+
+    fn against_heads(&self, seq: u64, hash: &Digest) -> Result<(), VerifyError> {
+        if seq == self.recorded.seq && hash != &self.recorded.hash {
+            return Err(ChainBreak::HeadMismatch { seq }.into());
         }
-        if entry.seq > self.recorded.seq {
+        if seq > self.recorded.seq {
             return Err(VerifyError::PastHead {
-                seq: entry.seq,
+                seq,
                 head_seq: self.recorded.seq,
             });
         }
         if let Some(anchor) = &self.anchor
-            && anchor.seq == entry.seq
-            && anchor.hash != entry.hash
+            && anchor.seq == seq
+            && &anchor.hash != hash
         {
-            return Err(VerifyError::AnchorMismatch { seq: entry.seq });
+            return Err(VerifyError::AnchorMismatch { seq });
         }
         Ok(())
     }

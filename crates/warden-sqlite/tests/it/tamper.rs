@@ -85,6 +85,18 @@ async fn an_edited_field_is_named() {
     );
     assert_eq!(verify(&path).unwrap_err().seq(), Some(5));
 
+    // Even a change that keeps the JSON's meaning: the stored bytes are
+    // what is hashed.
+    let (_dir, path, _) = fresh().await;
+    tamper(
+        &path,
+        r#"UPDATE audit SET details = '{ "i": 3 }' WHERE seq = 3"#,
+    );
+    assert_eq!(
+        verify(&path).unwrap_err(),
+        VerifyError::Broken(ChainBreak::Altered { seq: 3 })
+    );
+
     let (_dir, path, _) = fresh().await;
     tamper(&path, "UPDATE audit SET time = time + 1 WHERE seq = 1");
     assert_eq!(
