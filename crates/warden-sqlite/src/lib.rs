@@ -20,6 +20,22 @@
 //! `StoreError::SchemaTooNew`; a file or directory that cannot be written is
 //! `StoreError::ReadOnly`. In each case the file is left exactly as it was.
 //!
+//! ## Schema (version 1)
+//!
+//! All tables are `STRICT` (SQLite checks every column's type); JSON is
+//! stored as text.
+//!
+//! | table | holds |
+//! | --- | --- |
+//! | `meta` | one row: `schema_version` |
+//! | `agents` | `id` (unique), `parent`, `capabilities`, `tools`, `config`, `status`, `created_at`; registration order is the `pos` key |
+//! | `tokens` | `token_id`, `hash` (SHA-256 of the secret, unique; the secret itself is never stored), subject, `created_at`, `revoked` |
+//! | `memory` | key `(owner, namespace, key)`; `value`, `visibility`, `class` with `combine` / `grants` / `expires_at`, `revision`, `created_at`, `updated_at` |
+//! | `audit` | the hash chain, below |
+//! | `audit_head` | one row: the chain's last `seq` and `hash` |
+//! | `runs` | `run_id` (the idempotency key), `agent`, `sop_hash`, `sop`, `policy_version`, `created_at` |
+//! | `run_steps` | per run and step: `position`, `action`, `operation_id`, and once recorded `status`, `result`, `error`, `labels`, `recorded_at` |
+//!
 //! ## Writing: one writer thread, group commit
 //!
 //! Every mutation goes to one dedicated thread that owns the only write
@@ -53,10 +69,22 @@
 //! ## Reading
 //!
 //! The database runs in WAL mode, so readers never block the writer and are
-//! never blocked by it. Reads use a small pool of read-only connections on
-//! tokio's blocking threads (inline when there is no tokio runtime); each
-//! read is one statement or one read transaction, so it sees one committed
-//! snapshot, and a read started after a write was acknowledged sees it.
+//! never blocked by it. Reads use a small pool of read-only connections.
+//! Each read is one statement or one read transaction, so it sees one
+//! committed snapshot, and a read started after a write was acknowledged
+//! sees it. Bounded point lookups (`get_records`, `find_token`,
+//! `audit_head`: primary-key or unique-index probes of a few microseconds)
+//! run inline in the calling task, since handing them to another thread
+//! costs several times the lookup; reads that grow with the data
+//! (`load_agents`, `audit_page`, `owner_usage`, `get_run`, verification) run
+//! on tokio's blocking threads. Without a tokio runtime everything runs
+//! inline.
+//!
+//! Checkpoints (copying the log back into the database file) run on a
+//! third connection and thread, woken by the writer's WAL hook every
+//! thousand pages, so their fsyncs never delay an acknowledgement. Closing
+//! the store closes the writer last, which folds the log into the file and
+//! removes it.
 //!
 //! ## Durability
 //!
@@ -74,7 +102,10 @@
 //! ## The audit log and what detects tampering
 //!
 //! Table `audit` holds the hash chain of `warden_core::audit`: `seq`, every
-//! field, `prev_hash`, `hash`. Triggers refuse `UPDATE` and `DELETE` on it
+//! field, `prev_hash`, `hash`, with `details` kept as their canonical JSON
+//! text, so verification hashes the stored bytes straight from the cursor
+//! (no entry is built, memory stays constant for any length) and any byte
+//! changed there, even one that keeps the JSON's meaning, is detected. Triggers refuse `UPDATE` and `DELETE` on it
 //! through SQL, and `audit_head` (one row: the last `seq` and `hash`) is
 //! moved in the same transaction as every append and may only move forward.
 //! What each layer defeats:

@@ -725,18 +725,16 @@ impl Store for SqliteStore {
             let mut rows = stmt
                 .query(params![namespace.as_str(), key.as_str(), owner_list])
                 .store()?;
-            let mut found = Vec::new();
+            let mut found = Vec::with_capacity(owners.len().min(8));
             while let Some(row) = rows.next().store()? {
                 found.push(codec::record_from_row(row)?);
             }
-            // In the order of `owners`.
-            let mut out = Vec::with_capacity(found.len());
-            for owner in &owners {
-                if let Some(at) = found.iter().position(|r| &r.owner == owner) {
-                    out.push(found.swap_remove(at));
-                }
-            }
-            Ok(out)
+            // In the order of `owners` (a repeated owner repeats its record,
+            // as in the in-memory store).
+            Ok(owners
+                .iter()
+                .filter_map(|owner| found.iter().find(|r| &r.owner == owner).cloned())
+                .collect())
         })
     }
 

@@ -14,6 +14,7 @@
 //!   outcome exists if and only if its audit entry does (no partial state);
 //! - the audit chain verifies against its recorded head.
 //!
+//! Rounds alternate `synchronous=FULL` (the default) and `NORMAL`.
 //! It repeats for several rounds on the same file, so each round also
 //! reopens a file the previous kill left behind (the first round kills the
 //! child before it acknowledges anything, often while it is still creating
@@ -31,7 +32,7 @@ use warden_core::audit::Digest;
 use warden_core::decision::Verdict;
 use warden_core::ids::{ActionName, Key, Namespace, RunId, StepId};
 use warden_core::time::Timestamp;
-use warden_sqlite::{SqliteOptions, SqliteStore, verify_audit_path};
+use warden_sqlite::{SqliteOptions, SqliteStore, Synchronous, verify_audit_path};
 use warden_store::conformance::{audit_all, draft, put_audit};
 use warden_store::{
     RecordStep, RunRecord, RunStep, StepOutcome, StepStatus, Store, StoreError, VerifyError,
@@ -43,6 +44,17 @@ const CHILD_ENV: &str = "WARDEN_SQLITE_CRASH_CHILD";
 const WRITERS: u64 = 4;
 const STEPS: u64 = 64;
 const ROUNDS: u64 = 8;
+
+/// Even rounds run with the default `synchronous=FULL`, odd ones with
+/// `NORMAL`: in WAL mode both must survive a process crash (see the crate
+/// docs for why NORMAL does not survive power loss).
+fn sync_for(round: u64) -> Synchronous {
+    if round.is_multiple_of(2) {
+        Synchronous::Full
+    } else {
+        Synchronous::Normal
+    }
+}
 
 fn run_id(round: u64, w: u64) -> RunId {
     RunId::parse(&format!("run-r{round}-w{w}")).unwrap()
@@ -77,9 +89,12 @@ fn ack(out: &Mutex<std::io::Stdout>, line: &str) {
 
 async fn child(round: u64, path: &Path) {
     let store = Arc::new(
-        SqliteStore::open_with(SqliteOptions::new(path))
-            .await
-            .unwrap(),
+        SqliteStore::open_with(SqliteOptions {
+            synchronous: sync_for(round),
+            ..SqliteOptions::new(path)
+        })
+        .await
+        .unwrap(),
     );
     let out = Arc::new(Mutex::new(std::io::stdout()));
     let mut tasks = Vec::new();
@@ -126,7 +141,7 @@ async fn child(round: u64, path: &Path) {
                     .await
                     .unwrap();
                 ack(&out, &format!("PUT {key}"));
-                if i % 3 == 0 {
+                if i.is_multiple_of(3) {
                     let resource = format!("note:{key}");
                     store
                         .append_audit(vec![draft(
@@ -140,7 +155,7 @@ async fn child(round: u64, path: &Path) {
                         .unwrap();
                     ack(&out, &format!("NOTE {resource}"));
                 }
-                if i % 2 == 0 && i / 2 < STEPS {
+                if i.is_multiple_of(2) && i / 2 < STEPS {
                     let step = step_id(i / 2);
                     let outcome = StepOutcome {
                         status: StepStatus::Completed,

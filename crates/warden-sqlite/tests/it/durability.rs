@@ -178,6 +178,9 @@ async fn reopening_keeps_everything() {
     assert_eq!(head.seq, before.5.len() as u64 + 1);
     assert_eq!(store.verify_audit(None).await.unwrap().verified, head);
     drop(store);
+    // A clean close checkpoints the log into the file and removes it.
+    let wal = path.with_file_name("warden.db-wal");
+    assert!(!wal.exists(), "the write-ahead log outlived the store");
     assert_eq!(verify_audit(&url(&path), None).unwrap().verified, head);
 }
 
@@ -231,7 +234,7 @@ async fn two_stores_on_one_file_race_and_keep_one_chain() {
     let barrier = Arc::new(tokio::sync::Barrier::new(16));
     let mut tasks = Vec::new();
     for i in 0..16u64 {
-        let store = Arc::clone(if i % 2 == 0 { &a } else { &b });
+        let store = Arc::clone(if i.is_multiple_of(2) { &a } else { &b });
         let barrier = Arc::clone(&barrier);
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
@@ -262,7 +265,7 @@ async fn two_stores_on_one_file_race_and_keep_one_chain() {
     // Appends from both interleave into one chain.
     let mut tasks = Vec::new();
     for t in 0..4u64 {
-        let store = Arc::clone(if t % 2 == 0 { &a } else { &b });
+        let store = Arc::clone(if t.is_multiple_of(2) { &a } else { &b });
         tasks.push(tokio::spawn(async move {
             for i in 0..25 {
                 store
