@@ -66,6 +66,12 @@
 //! - **throughput**: one fsync covers a whole group, so many concurrent
 //!   callers share it (see the benchmarks).
 //!
+//! Each group reads the audit head under the write lock, so two stores on
+//! one file (two processes, say) still build one chain; they take turns on
+//! SQLite's write lock (waiting up to 5 s for it). Dropping a
+//! [`SqliteStore`] waits for the writer to answer what is queued and close
+//! the file.
+//!
 //! ## Reading
 //!
 //! The database runs in WAL mode, so readers never block the writer and are
