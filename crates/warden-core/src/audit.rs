@@ -166,21 +166,76 @@ fn put_field(h: &mut Sha256, bytes: &[u8]) {
 /// (8 bytes LE), time (8 bytes LE, ms), subject, operation, resource,
 /// verdict, reason, policy version, canonical JSON of details, previous hash.
 pub fn entry_hash(seq: u64, draft: &AuditDraft, prev_hash: &Digest) -> Digest {
-    let mut h = Sha256::new();
-    h.update(b"warden.audit.v1\0");
-    put_field(&mut h, &seq.to_le_bytes());
-    put_field(&mut h, &draft.time.0.to_le_bytes());
-    put_field(&mut h, draft.subject.as_bytes());
-    put_field(&mut h, draft.operation.as_bytes());
-    put_field(&mut h, draft.resource.as_bytes());
-    put_field(&mut h, draft.verdict.as_str().as_bytes());
-    put_field(&mut h, draft.reason.as_bytes());
-    put_field(&mut h, draft.policy_version.as_bytes());
     let mut details = Vec::new();
     write_canonical(&draft.details, &mut details);
-    put_field(&mut h, &details);
-    put_field(&mut h, &prev_hash.0);
+    hash_fields(&EntryRef {
+        seq,
+        time: draft.time,
+        subject: &draft.subject,
+        operation: &draft.operation,
+        resource: &draft.resource,
+        verdict: draft.verdict.as_str(),
+        reason: &draft.reason,
+        policy_version: &draft.policy_version,
+        details: &details,
+        prev_hash: *prev_hash,
+        hash: Digest::GENESIS,
+    })
+}
+
+fn hash_fields(e: &EntryRef<'_>) -> Digest {
+    let mut h = Sha256::new();
+    h.update(b"warden.audit.v1\0");
+    put_field(&mut h, &e.seq.to_le_bytes());
+    put_field(&mut h, &e.time.0.to_le_bytes());
+    put_field(&mut h, e.subject.as_bytes());
+    put_field(&mut h, e.operation.as_bytes());
+    put_field(&mut h, e.resource.as_bytes());
+    put_field(&mut h, e.verdict.as_bytes());
+    put_field(&mut h, e.reason.as_bytes());
+    put_field(&mut h, e.policy_version.as_bytes());
+    put_field(&mut h, e.details);
+    put_field(&mut h, &e.prev_hash.0);
     Digest(h.finalize().into())
+}
+
+/// An entry's fields borrowed as a store holds them, so a verifier can hash
+/// entries straight from storage without building an [`AuditEntry`] (no
+/// allocation, no JSON parsing). A store that keeps `details` as their
+/// canonical JSON text (see [`crate::canonical`]) hashes exactly what it
+/// stores; any other byte there is an alteration.
+#[derive(Debug, Clone, Copy)]
+pub struct EntryRef<'a> {
+    /// Position in the chain.
+    pub seq: u64,
+    /// When the decision was made.
+    pub time: Timestamp,
+    /// The acting agent, or [`OPERATOR_SUBJECT`].
+    pub subject: &'a str,
+    /// What was attempted.
+    pub operation: &'a str,
+    /// On what.
+    pub resource: &'a str,
+    /// The verdict's snake_case name ([`Verdict::as_str`]).
+    pub verdict: &'a str,
+    /// The stable reason code.
+    pub reason: &'a str,
+    /// The policy version.
+    pub policy_version: &'a str,
+    /// The canonical JSON encoding of the details.
+    pub details: &'a [u8],
+    /// The previous entry's hash, as stored.
+    pub prev_hash: Digest,
+    /// This entry's hash, as stored.
+    pub hash: Digest,
+}
+
+impl EntryRef<'_> {
+    /// The hash the fields call for (compare with the stored
+    /// [`hash`](Self::hash)); equals [`entry_hash`] of the same entry.
+    pub fn computed_hash(&self) -> Digest {
+        hash_fields(self)
+    }
 }
 
 /// Where and how a chain is broken.
@@ -290,26 +345,45 @@ impl ChainVerifier {
 
     /// Check the next entry.
     pub fn push(&mut self, entry: &AuditEntry) -> Result<(), ChainBreak> {
+        let computed = entry_hash(entry.seq, &entry.draft, &entry.prev_hash);
+        self.check(entry.seq, &computed, &entry.prev_hash, &entry.hash)
+    }
+
+    /// Check the next entry given as borrowed stored fields (see
+    /// [`EntryRef`]); the same checks as [`push`](Self::push).
+    pub fn push_ref(&mut self, entry: &EntryRef<'_>) -> Result<(), ChainBreak> {
+        self.check(
+            entry.seq,
+            &entry.computed_hash(),
+            &entry.prev_hash,
+            &entry.hash,
+        )
+    }
+
+    fn check(
+        &mut self,
+        seq: u64,
+        computed: &Digest,
+        prev_hash: &Digest,
+        hash: &Digest,
+    ) -> Result<(), ChainBreak> {
         let expected = self.head.seq.saturating_add(1);
-        if entry_hash(entry.seq, &entry.draft, &entry.prev_hash) != entry.hash {
-            return Err(ChainBreak::Altered { seq: entry.seq });
+        if computed != hash {
+            return Err(ChainBreak::Altered { seq });
         }
-        if entry.prev_hash != self.head.hash {
+        if prev_hash != &self.head.hash {
             return Err(ChainBreak::Unlinked {
-                seq: entry.seq,
+                seq,
                 prev_seq: self.head.seq,
             });
         }
-        if entry.seq != expected {
-            return Err(ChainBreak::OutOfSequence {
-                seq: entry.seq,
-                expected,
-            });
+        if seq != expected {
+            return Err(ChainBreak::OutOfSequence { seq, expected });
         }
         self.head = ChainHead {
             count: self.head.count + 1,
-            seq: entry.seq,
-            hash: entry.hash,
+            seq,
+            hash: *hash,
         };
         Ok(())
     }
@@ -424,6 +498,59 @@ mod tests {
                 last_seq: 2,
                 head_seq: 4
             })
+        );
+    }
+
+    #[test]
+    fn the_encoding_is_stable() {
+        // A known answer: changing the encoding breaks every stored chain.
+        let e = draft(1).seal(1, Digest::GENESIS);
+        assert_eq!(
+            e.hash.to_hex(),
+            "527cbd671c115850b9ffdcc49baa8f0acd0ff8a0f5d5268b48b4c2ea43007ec4"
+        );
+    }
+
+    #[test]
+    fn borrowed_fields_hash_and_verify_alike() {
+        let c = chain(3);
+        let mut v = ChainVerifier::new();
+        for e in &c {
+            let details = crate::canonical::to_canonical(&e.draft.details);
+            let r = EntryRef {
+                seq: e.seq,
+                time: e.draft.time,
+                subject: &e.draft.subject,
+                operation: &e.draft.operation,
+                resource: &e.draft.resource,
+                verdict: e.draft.verdict.as_str(),
+                reason: &e.draft.reason,
+                policy_version: &e.draft.policy_version,
+                details: &details,
+                prev_hash: e.prev_hash,
+                hash: e.hash,
+            };
+            assert_eq!(r.computed_hash(), e.hash);
+            v.push_ref(&r).unwrap();
+        }
+        assert_eq!(v.finish().hash, c[2].hash);
+        let e = &c[0];
+        let bad = EntryRef {
+            seq: 1,
+            time: e.draft.time,
+            subject: "someone else",
+            operation: &e.draft.operation,
+            resource: &e.draft.resource,
+            verdict: e.draft.verdict.as_str(),
+            reason: &e.draft.reason,
+            policy_version: &e.draft.policy_version,
+            details: b"{}",
+            prev_hash: e.prev_hash,
+            hash: e.hash,
+        };
+        assert_eq!(
+            ChainVerifier::new().push_ref(&bad),
+            Err(ChainBreak::Altered { seq: 1 })
         );
     }
 

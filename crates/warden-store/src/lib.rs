@@ -21,12 +21,15 @@
 //!   effect on stable storage (for the in-memory store: in memory).
 //!
 //! This crate depends on no database driver; backends live in their own
-//! crates.
+//! crates. Every backend runs the [`conformance`] suite with one line
+//! ([`conformance_tests!`]); [`verify`] checks any backend's audit chain
+//! against its recorded head and an external [`HeadAnchor`].
 
 mod memory_store;
 mod records;
 
 pub mod conformance;
+pub mod verify;
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -39,6 +42,7 @@ use warden_core::time::Timestamp;
 
 pub use memory_store::MemoryStore;
 pub use records::*;
+pub use verify::{HeadAnchor, VerifyError, VerifyReport, verify_store};
 
 /// Turns the outcome of an operation decided inside a transaction into the
 /// audit entries committed with it.
@@ -130,7 +134,8 @@ pub trait Store: Send + Sync + 'static {
 
     // ----- memory -----
 
-    /// The records at `namespace.key` owned by any of `owners`.
+    /// The records at `namespace.key` owned by any of `owners`, in the order
+    /// of `owners` (owners without a record are skipped).
     fn get_records(
         &self,
         namespace: Namespace,

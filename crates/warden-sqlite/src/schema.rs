@@ -1,0 +1,362 @@
+//! The schema, its migrations, and the checks made before a file is touched.
+//!
+//! Opening never changes a file it is not sure about: the file is first
+//! inspected with reads only (is it SQLite at all, is it Warden's, which
+//! schema version), and only a fresh file or a Warden database at an older
+//! version is then written (WAL mode, migrations). A foreign or damaged file
+//! is [`StoreError::Corrupt`], one from a newer Warden is
+//! [`StoreError::SchemaTooNew`], and either is left byte-for-byte as it was.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
+use warden_store::StoreError;
+
+use crate::error::SqlResultExt;
+use crate::options::{OpenMode, SqliteOptions};
+
+/// The schema version this build writes and reads.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// `PRAGMA application_id` of a Warden database: ASCII `WRDN`. It marks the
+/// file as Warden's before any table is read (`file(1)` shows it too).
+pub const APPLICATION_ID: i32 = 0x5752_444E;
+
+/// How long a connection waits for a lock held by another process.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
+/// Each runs in the transaction that records its version; append only.
+const MIGRATIONS: &[&str] = &[V1];
+
+const V1: &str = r#"
+CREATE TABLE meta (
+    id             INTEGER PRIMARY KEY CHECK (id = 1),
+    schema_version INTEGER NOT NULL
+) STRICT;
+INSERT INTO meta (id, schema_version) VALUES (1, 0);
+
+-- Agents in registration order (pos).
+CREATE TABLE agents (
+    pos          INTEGER PRIMARY KEY,
+    id           TEXT NOT NULL UNIQUE,
+    parent       TEXT,
+    capabilities TEXT NOT NULL,   -- JSON array of action names
+    tools        TEXT NOT NULL,   -- JSON array of strings
+    config       TEXT,            -- JSON, NULL when absent
+    status       TEXT NOT NULL CHECK (status IN ('active', 'revoked')),
+    created_at   INTEGER NOT NULL
+) STRICT;
+
+-- Bearer tokens: only the SHA-256 of the secret is kept.
+CREATE TABLE tokens (
+    token_id     TEXT PRIMARY KEY,
+    hash         BLOB NOT NULL UNIQUE CHECK (length(hash) = 32),
+    subject_kind TEXT NOT NULL CHECK (subject_kind IN ('operator', 'agent')),
+    agent_id     TEXT,
+    created_at   INTEGER NOT NULL,
+    revoked      INTEGER NOT NULL DEFAULT 0 CHECK (revoked IN (0, 1)),
+    CHECK ((subject_kind = 'agent') = (agent_id IS NOT NULL))
+) STRICT;
+
+-- Memory records, keyed by exact owner scope.
+CREATE TABLE memory (
+    owner      TEXT NOT NULL,
+    namespace  TEXT NOT NULL,
+    key        TEXT NOT NULL,
+    value      TEXT NOT NULL,     -- JSON
+    visibility TEXT NOT NULL CHECK (visibility IN ('private', 'children', 'descendants')),
+    class      TEXT NOT NULL CHECK (class IN ('preference', 'policy', 'secret', 'task')),
+    combine    TEXT,              -- policy: the combinator
+    grants     TEXT,              -- secret: JSON array of agent ids
+    expires_at INTEGER,           -- task: expiry, ms
+    revision   INTEGER NOT NULL CHECK (revision >= 1),
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (owner, namespace, key)
+) STRICT, WITHOUT ROWID;
+
+-- The decision log: a hash chain (see warden_core::audit).
+CREATE TABLE audit (
+    seq            INTEGER PRIMARY KEY,
+    time           INTEGER NOT NULL,
+    subject        TEXT NOT NULL,
+    operation      TEXT NOT NULL,
+    resource       TEXT NOT NULL,
+    verdict        TEXT NOT NULL,
+    reason         TEXT NOT NULL,
+    policy_version TEXT NOT NULL,
+    details        TEXT NOT NULL, -- JSON
+    prev_hash      BLOB NOT NULL,
+    hash           BLOB NOT NULL
+) STRICT;
+
+-- The chain head, moved in the same transaction as every append, so a cut
+-- tail no longer reaches it.
+CREATE TABLE audit_head (
+    id   INTEGER PRIMARY KEY CHECK (id = 1),
+    seq  INTEGER NOT NULL,
+    hash BLOB NOT NULL CHECK (length(hash) = 32)
+) STRICT;
+INSERT INTO audit_head (id, seq, hash) VALUES (1, 0, zeroblob(32));
+
+-- Append-only, as far as SQL through this schema goes. Anyone who can
+-- write the file can drop these; the chain and an external anchor are what
+-- detect that (see the crate docs).
+CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
+BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
+BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+CREATE TRIGGER audit_head_forward BEFORE UPDATE ON audit_head
+WHEN NEW.seq < OLD.seq OR NEW.id != OLD.id
+BEGIN SELECT RAISE(ABORT, 'the audit head only moves forward'); END;
+CREATE TRIGGER audit_head_no_delete BEFORE DELETE ON audit_head
+BEGIN SELECT RAISE(ABORT, 'the audit head cannot be deleted'); END;
+
+-- Admitted runs; a run id is a client-supplied idempotency key.
+CREATE TABLE runs (
+    run_id         TEXT PRIMARY KEY,
+    agent          TEXT NOT NULL,
+    sop_hash       BLOB NOT NULL CHECK (length(sop_hash) = 32),
+    sop            TEXT NOT NULL, -- JSON
+    policy_version TEXT NOT NULL,
+    created_at     INTEGER NOT NULL
+) STRICT;
+
+-- The steps of each run in order, with their outcome once recorded. The
+-- outcome is set once: `UPDATE ... WHERE status IS NULL`.
+CREATE TABLE run_steps (
+    run_id       TEXT NOT NULL REFERENCES runs (run_id),
+    position     INTEGER NOT NULL,
+    step_id      TEXT NOT NULL,
+    action       TEXT NOT NULL,
+    operation_id TEXT NOT NULL,
+    status       TEXT CHECK (status IN ('completed', 'failed', 'denied')),
+    result       TEXT,            -- JSON
+    error        TEXT,
+    labels       TEXT,            -- JSON array
+    recorded_at  INTEGER,
+    PRIMARY KEY (run_id, step_id),
+    UNIQUE (run_id, position)
+) STRICT, WITHOUT ROWID;
+"#;
+
+/// What a file holds, found by reading only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Found {
+    /// An empty database (or a new, zero-length file).
+    Fresh,
+    /// A Warden database at this schema version.
+    Warden(i64),
+}
+
+fn display(path: &Path) -> String {
+    path.display().to_string()
+}
+
+fn configure(conn: &Connection) -> Result<(), StoreError> {
+    conn.busy_timeout(BUSY_TIMEOUT).store()?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(())
+}
+
+/// Inspect `conn` with reads only.
+fn inspect(conn: &Connection, path: &Path) -> Result<Found, StoreError> {
+    let p = display(path);
+    // The first read parses the header: random bytes fail here.
+    let app_id: i32 = conn
+        .pragma_query_value(None, "application_id", |r| r.get(0))
+        .map_err(|e| StoreError::Corrupt(format!("`{p}` is not a sqlite database: {e}")))?;
+    let tables: i64 = conn
+        .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
+        .map_err(|e| StoreError::Corrupt(format!("`{p}` is not a sqlite database: {e}")))?;
+    if app_id == 0 && tables == 0 {
+        return Ok(Found::Fresh);
+    }
+    if app_id != APPLICATION_ID {
+        return Err(StoreError::Corrupt(format!(
+            "`{p}` is a sqlite database of another application (application id {app_id:#x}, {tables} schema objects), not a warden database"
+        )));
+    }
+    let version: Option<i64> = conn
+        .query_row("SELECT schema_version FROM meta WHERE id = 1", [], |r| {
+            r.get(0)
+        })
+        .optional()
+        .map_err(|e| StoreError::Corrupt(format!("`{p}` has no readable schema version: {e}")))?;
+    match version {
+        Some(v) if v >= 1 => Ok(Found::Warden(v)),
+        _ => Err(StoreError::Corrupt(format!(
+            "`{p}` is marked as a warden database but has no schema version"
+        ))),
+    }
+}
+
+/// Fail unless `found` can be used at [`SCHEMA_VERSION`] without writing.
+fn require_current(found: Found, path: &Path) -> Result<(), StoreError> {
+    match found {
+        Found::Warden(SCHEMA_VERSION) => Ok(()),
+        Found::Warden(v) if v > SCHEMA_VERSION => Err(StoreError::SchemaTooNew {
+            found: v,
+            supported: SCHEMA_VERSION,
+        }),
+        Found::Warden(v) => Err(StoreError::ReadOnly(format!(
+            "`{}` is at schema version {v} and needs migrating to {SCHEMA_VERSION}, which a read-only open cannot do",
+            display(path)
+        ))),
+        Found::Fresh => Err(StoreError::ReadOnly(format!(
+            "`{}` is not initialised, which a read-only open cannot do",
+            display(path)
+        ))),
+    }
+}
+
+fn open_failed(path: &Path, e: rusqlite::Error) -> StoreError {
+    let p = display(path);
+    match crate::error::map(e) {
+        StoreError::Backend(m) => {
+            let dir = path
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            if path.is_dir() {
+                StoreError::Backend(format!("cannot open `{p}`: it is a directory"))
+            } else if !dir.is_dir() {
+                StoreError::Backend(format!(
+                    "cannot open `{p}`: directory `{}` does not exist",
+                    dir.display()
+                ))
+            } else {
+                StoreError::ReadOnly(format!("cannot open or create `{p}`: {m}"))
+            }
+        }
+        other => other,
+    }
+}
+
+/// Open a read-only connection to an existing database at the current
+/// schema version. Never writes the file.
+pub(crate) fn open_reader(path: &Path) -> Result<Connection, StoreError> {
+    if !path.exists() {
+        return Err(StoreError::NotFound(display(path)));
+    }
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| open_failed(path, e))?;
+    configure(&conn)?;
+    require_current(inspect(&conn, path)?, path)?;
+    Ok(conn)
+}
+
+/// Open the checkpointer's connection to a database the writer has opened.
+pub(crate) fn open_checkpointer(path: &Path) -> Result<Connection, StoreError> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| open_failed(path, e))?;
+    configure(&conn)?;
+    Ok(conn)
+}
+
+/// Open the connection that writes, creating and migrating the file as
+/// `options` allow. For [`OpenMode::ReadOnly`] this checks the file and
+/// returns `None`: the store then has no writer.
+pub(crate) fn open_writer(options: &SqliteOptions) -> Result<Option<Connection>, StoreError> {
+    let path = options.path.as_path();
+    let p = display(path);
+    if options.mode == OpenMode::ReadOnly {
+        drop(open_reader(path)?);
+        return Ok(None);
+    }
+    let exists = path.exists();
+    if !exists && options.mode == OpenMode::ReadWrite {
+        return Err(StoreError::NotFound(p));
+    }
+    let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    if options.mode == OpenMode::ReadWriteCreate {
+        flags |= OpenFlags::SQLITE_OPEN_CREATE;
+    }
+    let mut conn = Connection::open_with_flags(path, flags).map_err(|e| open_failed(path, e))?;
+    configure(&conn)?;
+    let found = inspect(&conn, path)?;
+    if let Found::Warden(v) = found
+        && v > SCHEMA_VERSION
+    {
+        return Err(StoreError::SchemaTooNew {
+            found: v,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    // SQLite silently opens a write-protected file read-only.
+    if conn.is_readonly(rusqlite::MAIN_DB).store()? {
+        return Err(StoreError::ReadOnly(format!(
+            "`{p}` cannot be written (file permissions or a read-only filesystem)"
+        )));
+    }
+    // Only now, with a file known to be ours (or empty), write to it.
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+        .map_err(|e| open_failed(path, e))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Backend(format!(
+            "`{p}` cannot use write-ahead logging (journal mode stays `{mode}`)"
+        )));
+    }
+    conn.pragma_update(None, "synchronous", options.synchronous.pragma())
+        .store()?;
+    conn.pragma_update(None, "foreign_keys", true).store()?;
+    conn.pragma_update(None, "temp_store", "MEMORY").store()?;
+    conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)
+        .store()?;
+    migrate(&mut conn, path)?;
+    Ok(Some(conn))
+}
+
+/// Apply every migration past the file's version, each in its own
+/// transaction with its version bump. Safe against a concurrent opener: the
+/// version is re-read under the write lock.
+fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+    loop {
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .store()?;
+        let current = match inspect(&tx, path)? {
+            Found::Fresh => 0,
+            Found::Warden(v) => v,
+        };
+        if current > SCHEMA_VERSION {
+            return Err(StoreError::SchemaTooNew {
+                found: current,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        if current == SCHEMA_VERSION {
+            return Ok(());
+        }
+        let next = current + 1;
+        let Some(sql) = usize::try_from(current)
+            .ok()
+            .and_then(|i| MIGRATIONS.get(i))
+        else {
+            return Err(StoreError::Backend(format!(
+                "no migration from schema version {current}"
+            )));
+        };
+        tx.execute_batch(sql).store()?;
+        tx.execute("UPDATE meta SET schema_version = ?1 WHERE id = 1", [next])
+            .store()?;
+        if current == 0 {
+            tx.pragma_update(None, "application_id", APPLICATION_ID)
+                .store()?;
+        }
+        tx.commit().store()?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_cover_every_version() {
+        assert_eq!(MIGRATIONS.len() as i64, SCHEMA_VERSION);
+    }
+}

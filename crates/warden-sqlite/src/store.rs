@@ -1,0 +1,831 @@
+//! [`SqliteStore`]: the [`Store`] implementation.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{Connection, OptionalExtension, params};
+use warden_core::audit::{AuditDraft, AuditEntry, ChainHead};
+use warden_core::hierarchy::AgentStatus;
+use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
+use warden_core::memory::{MemoryRecord, Put, PutRejection, apply_put, check_result};
+use warden_core::time::Timestamp;
+use warden_store::{
+    AuditFn, CreateRun, Delete, DeleteOutcome, HeadAnchor, PutOutcome, RecordStep, RunRecord,
+    RunState, StepOutcome, Store, StoreError, StoredAgent, TokenRecord, Usage, VerifyError,
+    VerifyReport,
+};
+
+use crate::codec::{self, seq_to_sql};
+use crate::error::{SqlResultExt, is_unique_violation};
+use crate::options::SqliteOptions;
+use crate::schema;
+use crate::writer::{Tx, Writer};
+
+/// Read connections, opened on demand and kept for reuse.
+struct Readers {
+    path: PathBuf,
+    idle: Mutex<Vec<Connection>>,
+    max_idle: usize,
+}
+
+impl Readers {
+    fn take(&self) -> Result<Connection, StoreError> {
+        let reused = self.idle.lock().ok().and_then(|mut idle| idle.pop());
+        match reused {
+            Some(conn) => Ok(conn),
+            None => schema::open_reader(&self.path),
+        }
+    }
+
+    fn give_back(&self, conn: Connection) {
+        if let Ok(mut idle) = self.idle.lock()
+            && idle.len() < self.max_idle
+        {
+            idle.push(conn);
+        }
+    }
+}
+
+/// The SQLite [`Store`]. See the [crate docs](crate) for the design.
+pub struct SqliteStore {
+    // Field order is drop order: idle readers close first, then the writer
+    // thread finishes, closes its connection last (checkpointing the WAL
+    // into the file), and only then is the temporary directory (if any)
+    // removed.
+    readers: Arc<Readers>,
+    writer: Option<Writer>,
+    options: SqliteOptions,
+    _temp: Option<tempfile::TempDir>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.options.path)
+            .field("mode", &self.options.mode)
+            .field("synchronous", &self.options.synchronous)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Run blocking database work off the async executor when there is a tokio
+/// runtime, inline otherwise.
+async fn blocking<R, F>(f: F) -> Result<R, StoreError>
+where
+    F: FnOnce() -> Result<R, StoreError> + Send + 'static,
+    R: Send + 'static,
+{
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => handle
+            .spawn_blocking(f)
+            .await
+            .map_err(|e| StoreError::Backend(format!("a sqlite read task failed: {e}")))?,
+        Err(_) => f(),
+    }
+}
+
+impl SqliteStore {
+    /// Open (creating and migrating as the URL allows) the database named
+    /// by a `sqlite://` URL; see [`SqliteOptions::from_url`].
+    pub async fn open(url: &str) -> Result<Self, StoreError> {
+        let options = SqliteOptions::from_url(url)
+            .map_err(|e| StoreError::Backend(format!("invalid database url: {e}")))?;
+        Self::open_with(options).await
+    }
+
+    /// Open with explicit options.
+    pub async fn open_with(options: SqliteOptions) -> Result<Self, StoreError> {
+        blocking(move || Self::open_blocking(options, None)).await
+    }
+
+    /// A store in a new temporary directory, removed when the store is
+    /// dropped: for tests, demos and benchmarks.
+    pub async fn open_temp() -> Result<Self, StoreError> {
+        blocking(|| {
+            let dir = tempfile::Builder::new()
+                .prefix("warden-sqlite-")
+                .tempdir()
+                .map_err(|e| {
+                    StoreError::Backend(format!("cannot create a temporary directory: {e}"))
+                })?;
+            let options = SqliteOptions::new(dir.path().join("warden.db"));
+            Self::open_blocking(options, Some(dir))
+        })
+        .await
+    }
+
+    /// Open without an async runtime (blocks the calling thread).
+    pub fn open_blocking_with(options: SqliteOptions) -> Result<Self, StoreError> {
+        Self::open_blocking(options, None)
+    }
+
+    fn open_blocking(
+        options: SqliteOptions,
+        temp: Option<tempfile::TempDir>,
+    ) -> Result<Self, StoreError> {
+        let writer = match schema::open_writer(&options)? {
+            Some(conn) => Some(Writer::spawn(conn, &options.path, options.max_batch)?),
+            None => None,
+        };
+        let readers = Arc::new(Readers {
+            path: options.path.clone(),
+            idle: Mutex::new(Vec::new()),
+            max_idle: options.max_idle_readers,
+        });
+        // Open one reader now so a file that cannot be read fails here.
+        let first = readers.take()?;
+        readers.give_back(first);
+        Ok(Self {
+            readers,
+            writer,
+            options,
+            _temp: temp,
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.options.path
+    }
+
+    /// The options it was opened with.
+    pub fn options(&self) -> &SqliteOptions {
+        &self.options
+    }
+
+    /// Verify the audit chain from one read snapshot, against the recorded
+    /// head and an optional external anchor (see [`crate::verify_audit`]).
+    /// Runs beside the writer without blocking it.
+    pub async fn verify_audit(
+        &self,
+        anchor: Option<HeadAnchor>,
+    ) -> Result<VerifyReport, VerifyError> {
+        let readers = Arc::clone(&self.readers);
+        let run = move || {
+            let mut conn = readers.take()?;
+            let result = crate::audit::verify_conn(&mut conn, anchor);
+            readers.give_back(conn);
+            Ok(result)
+        };
+        blocking(run).await?
+    }
+
+    /// A bounded point lookup (a primary-key or unique-index probe, a few
+    /// microseconds): run it right here. Handing it to a blocking thread
+    /// would cost several times the lookup itself.
+    fn read_now<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        F: FnOnce(&mut Connection) -> Result<R, StoreError>,
+    {
+        let mut conn = self.readers.take()?;
+        let result = f(&mut conn);
+        self.readers.give_back(conn);
+        result
+    }
+
+    /// A read whose cost grows with the data (a scan): run it on tokio's
+    /// blocking threads so it never stalls the executor.
+    async fn read<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
+        R: Send + 'static,
+    {
+        let readers = Arc::clone(&self.readers);
+        blocking(move || {
+            let mut conn = readers.take()?;
+            let result = f(&mut conn);
+            readers.give_back(conn);
+            result
+        })
+        .await
+    }
+
+    async fn write<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        F: FnOnce(&mut Tx<'_>) -> Result<R, StoreError> + Send + 'static,
+        R: Send + 'static,
+    {
+        match &self.writer {
+            Some(w) => w.call(f).await,
+            None => Err(StoreError::ReadOnly(format!(
+                "`{}` was opened read-only",
+                self.options.path.display()
+            ))),
+        }
+    }
+}
+
+// ----- the operations, inside the writer's transaction -----
+
+fn select_record(
+    conn: &Connection,
+    owner: &AgentId,
+    namespace: &Namespace,
+    key: &Key,
+) -> Result<Option<MemoryRecord>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT {} FROM memory WHERE owner = ?1 AND namespace = ?2 AND key = ?3",
+            codec::MEMORY_COLUMNS
+        ))
+        .store()?;
+    let mut rows = stmt
+        .query(params![owner.as_str(), namespace.as_str(), key.as_str()])
+        .store()?;
+    match rows.next().store()? {
+        Some(row) => Ok(Some(codec::record_from_row(row)?)),
+        None => Ok(None),
+    }
+}
+
+fn write_record(
+    conn: &Connection,
+    record: &MemoryRecord,
+    expected: Option<u64>,
+) -> Result<bool, StoreError> {
+    let class = codec::class_to_sql(&record.class)?;
+    let value = codec::json_text(&record.value)?;
+    let revision = seq_to_sql(record.revision)?;
+    let changed = match expected {
+        None => conn
+            .prepare_cached(
+                "INSERT INTO memory (owner, namespace, key, value, visibility, class, combine, \
+                 grants, expires_at, revision, created_at, updated_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
+                 ON CONFLICT (owner, namespace, key) DO NOTHING",
+            )
+            .store()?
+            .execute(params![
+                record.owner.as_str(),
+                record.namespace.as_str(),
+                record.key.as_str(),
+                value,
+                record.visibility.as_str(),
+                class.class,
+                class.combine,
+                class.grants,
+                class.expires_at,
+                revision,
+                record.created_at.0,
+                record.updated_at.0,
+            ])
+            .store()?,
+        // The lab document's conditional update: zero rows is a conflict.
+        Some(current) => conn
+            .prepare_cached(
+                "UPDATE memory SET value = ?4, visibility = ?5, class = ?6, combine = ?7, \
+                 grants = ?8, expires_at = ?9, revision = ?10, updated_at = ?11 \
+                 WHERE owner = ?1 AND namespace = ?2 AND key = ?3 AND revision = ?12",
+            )
+            .store()?
+            .execute(params![
+                record.owner.as_str(),
+                record.namespace.as_str(),
+                record.key.as_str(),
+                value,
+                record.visibility.as_str(),
+                class.class,
+                class.combine,
+                class.grants,
+                class.expires_at,
+                revision,
+                record.updated_at.0,
+                seq_to_sql(current)?,
+            ])
+            .store()?,
+    };
+    Ok(changed == 1)
+}
+
+fn put_in(tx: &mut Tx<'_>, put: Put, now: Timestamp) -> Result<PutOutcome, StoreError> {
+    let conn = tx.conn();
+    let current = select_record(conn, &put.owner, &put.namespace, &put.key)?;
+    let mut outcome = match apply_put(current.as_ref(), &put, now) {
+        Err(PutRejection::Conflict { current }) => PutOutcome::Conflict { current },
+        Ok(record) => match check_result(&record) {
+            Err(reason) => PutOutcome::Rejected {
+                reason: reason.to_string(),
+            },
+            Ok(()) => PutOutcome::Written {
+                created: record.revision == 1,
+                record,
+            },
+        },
+    };
+    if let PutOutcome::Written { record, .. } = &outcome {
+        let expected = current.as_ref().map(|c| c.revision);
+        if !write_record(conn, record, expected)? {
+            // Unreachable with one writer holding the write lock; kept so
+            // a lost race can never be reported as a write.
+            let now_current = select_record(conn, &put.owner, &put.namespace, &put.key)?;
+            outcome = PutOutcome::Conflict {
+                current: now_current.map(|r| r.revision),
+            };
+        }
+    }
+    Ok(outcome)
+}
+
+fn delete_in(conn: &Connection, delete: &Delete) -> Result<DeleteOutcome, StoreError> {
+    let current: Option<i64> = conn
+        .prepare_cached(
+            "SELECT revision FROM memory WHERE owner = ?1 AND namespace = ?2 AND key = ?3",
+        )
+        .store()?
+        .query_row(
+            params![
+                delete.owner.as_str(),
+                delete.namespace.as_str(),
+                delete.key.as_str()
+            ],
+            |r| r.get(0),
+        )
+        .optional()
+        .store()?;
+    let Some(current) = current else {
+        return Ok(DeleteOutcome::NotFound);
+    };
+    let current = codec::to_u64("memory revision", current)?;
+    if delete.expected_revision.is_some_and(|e| e != current) {
+        return Ok(DeleteOutcome::Conflict { current });
+    }
+    let changed = conn
+        .prepare_cached(
+            "DELETE FROM memory WHERE owner = ?1 AND namespace = ?2 AND key = ?3 AND revision = ?4",
+        )
+        .store()?
+        .execute(params![
+            delete.owner.as_str(),
+            delete.namespace.as_str(),
+            delete.key.as_str(),
+            seq_to_sql(current)?
+        ])
+        .store()?;
+    Ok(if changed == 1 {
+        DeleteOutcome::Deleted { revision: current }
+    } else {
+        DeleteOutcome::Conflict { current }
+    })
+}
+
+fn load_run(conn: &Connection, run_id: &RunId) -> Result<Option<RunState>, StoreError> {
+    let what = format!("run `{run_id}`");
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT agent, sop_hash, sop, policy_version, created_at FROM runs WHERE run_id = ?1",
+        )
+        .store()?;
+    let mut rows = stmt.query([run_id.as_str()]).store()?;
+    let Some(row) = rows.next().store()? else {
+        return Ok(None);
+    };
+    let agent: String = codec::column(row, 0, &what)?;
+    let sop: String = codec::column(row, 2, &what)?;
+    let mut run = RunRecord {
+        run_id: run_id.clone(),
+        agent: AgentId::parse(&agent).map_err(|e| crate::error::corrupt(&what, e))?,
+        sop_hash: codec::digest_col(row, 1, &what)?,
+        sop: codec::from_json(&what, &sop)?,
+        steps: Vec::new(),
+        policy_version: codec::column(row, 3, &what)?,
+        created_at: Timestamp(codec::column(row, 4, &what)?),
+    };
+    drop(rows);
+    let mut outcomes = BTreeMap::new();
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT {} FROM run_steps WHERE run_id = ?1 ORDER BY position",
+            codec::STEP_COLUMNS
+        ))
+        .store()?;
+    let mut rows = stmt.query([run_id.as_str()]).store()?;
+    while let Some(row) = rows.next().store()? {
+        let (step, outcome) = codec::step_from_row(row, run_id)?;
+        if let Some(outcome) = outcome {
+            outcomes.insert(step.step_id.clone(), outcome);
+        }
+        run.steps.push(step);
+    }
+    Ok(Some(RunState { run, outcomes }))
+}
+
+fn create_run_in(
+    tx: &mut Tx<'_>,
+    run: RunRecord,
+    audit: Vec<AuditDraft>,
+) -> Result<CreateRun, StoreError> {
+    let conn = tx.conn();
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO runs (run_id, agent, sop_hash, sop, policy_version, created_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (run_id) DO NOTHING",
+        )
+        .store()?
+        .execute(params![
+            run.run_id.as_str(),
+            run.agent.as_str(),
+            run.sop_hash.0,
+            codec::json_text(&run.sop)?,
+            run.policy_version,
+            run.created_at.0,
+        ])
+        .store()?;
+    if inserted == 0 {
+        return match load_run(conn, &run.run_id)? {
+            Some(existing) => Ok(CreateRun::Existing(Box::new(existing))),
+            None => Err(StoreError::Backend(format!(
+                "run `{}` exists but cannot be read",
+                run.run_id
+            ))),
+        };
+    }
+    let mut stmt = conn
+        .prepare_cached(
+            "INSERT INTO run_steps (run_id, position, step_id, action, operation_id) \
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+        )
+        .store()?;
+    for (position, step) in run.steps.iter().enumerate() {
+        stmt.execute(params![
+            run.run_id.as_str(),
+            i64::try_from(position).unwrap_or(i64::MAX),
+            step.step_id.as_str(),
+            step.action.as_str(),
+            step.operation_id,
+        ])
+        .map_err(|e| {
+            if is_unique_violation(&e) {
+                StoreError::Duplicate(format!("{}/{}", run.run_id, step.step_id))
+            } else {
+                crate::error::map(e)
+            }
+        })?;
+    }
+    tx.append(audit)?;
+    Ok(CreateRun::Created)
+}
+
+fn record_step_in(
+    tx: &mut Tx<'_>,
+    run_id: RunId,
+    step_id: StepId,
+    outcome: StepOutcome,
+    audit: Vec<AuditDraft>,
+) -> Result<RecordStep, StoreError> {
+    let conn = tx.conn();
+    // Exactly once: the outcome is set only while none is recorded.
+    let changed = conn
+        .prepare_cached(
+            "UPDATE run_steps SET status = ?3, result = ?4, error = ?5, labels = ?6, \
+             recorded_at = ?7 WHERE run_id = ?1 AND step_id = ?2 AND status IS NULL",
+        )
+        .store()?
+        .execute(params![
+            run_id.as_str(),
+            step_id.as_str(),
+            codec::step_status_to_sql(outcome.status),
+            outcome.result.as_ref().map(codec::json_text).transpose()?,
+            outcome.error,
+            codec::json_text(&outcome.labels)?,
+            outcome.recorded_at.0,
+        ])
+        .store()?;
+    if changed == 1 {
+        tx.append(audit)?;
+        return Ok(RecordStep::Recorded);
+    }
+    let Some(state) = load_run(conn, &run_id)? else {
+        return Err(StoreError::NotFound(run_id.to_string()));
+    };
+    match state.outcomes.get(&step_id) {
+        Some(first) => Ok(RecordStep::AlreadyRecorded(first.clone())),
+        None => Err(StoreError::NotFound(format!("{run_id}/{step_id}"))),
+    }
+}
+
+fn map_duplicate(e: rusqlite::Error, what: &str) -> StoreError {
+    if is_unique_violation(&e) {
+        StoreError::Duplicate(what.to_string())
+    } else {
+        crate::error::map(e)
+    }
+}
+
+// ----- reads -----
+
+fn audit_page_in(
+    conn: &Connection,
+    after: u64,
+    limit: usize,
+) -> Result<Vec<AuditEntry>, StoreError> {
+    let Ok(after) = i64::try_from(after) else {
+        return Ok(Vec::new());
+    };
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT {} FROM audit WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+            codec::AUDIT_COLUMNS
+        ))
+        .store()?;
+    let mut rows = stmt.query(params![after, limit]).store()?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().store()? {
+        out.push(codec::audit_from_row(row)?);
+    }
+    Ok(out)
+}
+
+impl Store for SqliteStore {
+    async fn load_agents(&self) -> Result<Vec<StoredAgent>, StoreError> {
+        self.read(|conn| {
+            let mut stmt = conn
+                .prepare_cached(&format!(
+                    "SELECT {} FROM agents ORDER BY pos",
+                    codec::AGENT_COLUMNS
+                ))
+                .store()?;
+            let mut rows = stmt.query([]).store()?;
+            let mut out = Vec::new();
+            while let Some(row) = rows.next().store()? {
+                out.push(codec::agent_from_row(row)?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn insert_agent(
+        &self,
+        agent: StoredAgent,
+        audit: Vec<AuditDraft>,
+    ) -> Result<(), StoreError> {
+        self.write(move |tx| {
+            let capabilities = codec::json_text(&agent.capabilities)?;
+            let tools = codec::json_text(&agent.tools)?;
+            let config = agent.config.as_ref().map(codec::json_text).transpose()?;
+            tx.conn()
+                .prepare_cached(
+                    "INSERT INTO agents (id, parent, capabilities, tools, config, status, created_at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )
+                .store()?
+                .execute(params![
+                    agent.id.as_str(),
+                    agent.parent.as_ref().map(|p| p.as_str()),
+                    capabilities,
+                    tools,
+                    config,
+                    codec::status_to_sql(agent.status),
+                    agent.created_at.0,
+                ])
+                .map_err(|e| map_duplicate(e, agent.id.as_str()))?;
+            tx.append(audit)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn set_agent_status(
+        &self,
+        ids: Vec<AgentId>,
+        status: AgentStatus,
+        audit: Vec<AuditDraft>,
+    ) -> Result<(), StoreError> {
+        self.write(move |tx| {
+            let mut stmt = tx
+                .conn()
+                .prepare_cached("UPDATE agents SET status = ?2 WHERE id = ?1")
+                .store()?;
+            for id in &ids {
+                let changed = stmt
+                    .execute(params![id.as_str(), codec::status_to_sql(status)])
+                    .store()?;
+                if changed == 0 {
+                    return Err(StoreError::NotFound(id.to_string()));
+                }
+            }
+            drop(stmt);
+            tx.append(audit)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn set_agent_capabilities(
+        &self,
+        id: AgentId,
+        capabilities: BTreeSet<ActionName>,
+        audit: Vec<AuditDraft>,
+    ) -> Result<(), StoreError> {
+        self.write(move |tx| {
+            let changed = tx
+                .conn()
+                .prepare_cached("UPDATE agents SET capabilities = ?2 WHERE id = ?1")
+                .store()?
+                .execute(params![id.as_str(), codec::json_text(&capabilities)?])
+                .store()?;
+            if changed == 0 {
+                return Err(StoreError::NotFound(id.to_string()));
+            }
+            tx.append(audit)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn insert_token(
+        &self,
+        token: TokenRecord,
+        audit: Vec<AuditDraft>,
+    ) -> Result<(), StoreError> {
+        self.write(move |tx| {
+            let (kind, agent) = codec::subject_to_sql(&token.subject);
+            tx.conn()
+                .prepare_cached(
+                    "INSERT INTO tokens (token_id, hash, subject_kind, agent_id, created_at, revoked) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .store()?
+                .execute(params![
+                    token.token_id,
+                    token.hash.0,
+                    kind,
+                    agent,
+                    token.created_at.0,
+                    token.revoked,
+                ])
+                .map_err(|e| map_duplicate(e, &token.token_id))?;
+            tx.append(audit)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn find_token(
+        &self,
+        hash: warden_core::audit::Digest,
+    ) -> Result<Option<TokenRecord>, StoreError> {
+        self.read_now(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(&format!(
+                    "SELECT {} FROM tokens WHERE hash = ?1",
+                    codec::TOKEN_COLUMNS
+                ))
+                .store()?;
+            let mut rows = stmt.query([hash.0]).store()?;
+            match rows.next().store()? {
+                Some(row) => Ok(Some(codec::token_from_row(row)?)),
+                None => Ok(None),
+            }
+        })
+    }
+
+    async fn revoke_token(
+        &self,
+        token_id: String,
+        audit: Vec<AuditDraft>,
+    ) -> Result<bool, StoreError> {
+        self.write(move |tx| {
+            let changed = tx
+                .conn()
+                .prepare_cached("UPDATE tokens SET revoked = 1 WHERE token_id = ?1 AND revoked = 0")
+                .store()?
+                .execute([&token_id])
+                .store()?;
+            if changed == 0 {
+                return Ok(false);
+            }
+            tx.append(audit)?;
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn get_records(
+        &self,
+        namespace: Namespace,
+        key: Key,
+        owners: Vec<AgentId>,
+    ) -> Result<Vec<MemoryRecord>, StoreError> {
+        if owners.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.read_now(move |conn| {
+            // One statement, so one snapshot, whatever the lineage depth.
+            let owner_list = codec::json_text(&owners)?;
+            let mut stmt = conn
+                .prepare_cached(&format!(
+                    "SELECT {} FROM memory WHERE namespace = ?1 AND key = ?2 \
+                     AND owner IN (SELECT value FROM json_each(?3))",
+                    codec::MEMORY_COLUMNS
+                ))
+                .store()?;
+            let mut rows = stmt
+                .query(params![namespace.as_str(), key.as_str(), owner_list])
+                .store()?;
+            let mut found = Vec::with_capacity(owners.len().min(8));
+            while let Some(row) = rows.next().store()? {
+                found.push(codec::record_from_row(row)?);
+            }
+            // In the order of `owners` (a repeated owner repeats its record,
+            // as in the in-memory store).
+            Ok(owners
+                .iter()
+                .filter_map(|owner| found.iter().find(|r| &r.owner == owner).cloned())
+                .collect())
+        })
+    }
+
+    async fn put_record(
+        &self,
+        put: Put,
+        now: Timestamp,
+        audit: AuditFn<PutOutcome>,
+    ) -> Result<PutOutcome, StoreError> {
+        self.write(move |tx| {
+            let outcome = put_in(tx, put, now)?;
+            tx.append(audit(&outcome))?;
+            Ok(outcome)
+        })
+        .await
+    }
+
+    async fn delete_record(
+        &self,
+        delete: Delete,
+        audit: AuditFn<DeleteOutcome>,
+    ) -> Result<DeleteOutcome, StoreError> {
+        self.write(move |tx| {
+            let outcome = delete_in(tx.conn(), &delete)?;
+            tx.append(audit(&outcome))?;
+            Ok(outcome)
+        })
+        .await
+    }
+
+    async fn owner_usage(&self, owner: AgentId) -> Result<Usage, StoreError> {
+        self.read(move |conn| {
+            let (records, bytes): (i64, i64) = conn
+                .prepare_cached(
+                    "SELECT count(*), coalesce(sum(length(CAST(value AS BLOB))), 0) \
+                     FROM memory WHERE owner = ?1",
+                )
+                .store()?
+                .query_row([owner.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
+                .store()?;
+            Ok(Usage {
+                records: codec::to_u64("usage", records)?,
+                bytes: codec::to_u64("usage", bytes)?,
+            })
+        })
+        .await
+    }
+
+    async fn append_audit(&self, drafts: Vec<AuditDraft>) -> Result<ChainHead, StoreError> {
+        self.write(move |tx| tx.append(drafts)).await
+    }
+
+    async fn audit_page(&self, after: u64, limit: usize) -> Result<Vec<AuditEntry>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.read(move |conn| audit_page_in(conn, after, limit))
+            .await
+    }
+
+    async fn audit_head(&self) -> Result<ChainHead, StoreError> {
+        self.read_now(|conn| crate::audit::read_head(conn))
+    }
+
+    async fn create_run(
+        &self,
+        run: RunRecord,
+        audit: Vec<AuditDraft>,
+    ) -> Result<CreateRun, StoreError> {
+        self.write(move |tx| create_run_in(tx, run, audit)).await
+    }
+
+    async fn get_run(&self, run_id: RunId) -> Result<Option<RunState>, StoreError> {
+        self.read(move |conn| {
+            // Run and outcomes from one snapshot.
+            let tx = conn.transaction().store()?;
+            let state = load_run(&tx, &run_id)?;
+            tx.finish().store()?;
+            Ok(state)
+        })
+        .await
+    }
+
+    async fn record_step(
+        &self,
+        run_id: RunId,
+        step_id: StepId,
+        outcome: StepOutcome,
+        audit: Vec<AuditDraft>,
+    ) -> Result<RecordStep, StoreError> {
+        self.write(move |tx| record_step_in(tx, run_id, step_id, outcome, audit))
+            .await
+    }
+}

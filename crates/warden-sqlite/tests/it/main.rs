@@ -1,0 +1,15 @@
+//! Integration tests of the SQLite backend: the conformance suite, bad
+//! input, crash safety, races, tampering and reopening.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod bad_input;
+mod crash;
+mod durability;
+mod support;
+mod tamper;
+
+mod conformance {
+    use warden_sqlite::SqliteStore;
+
+    warden_store::conformance_tests!(|| async { SqliteStore::open_temp().await.unwrap() });
+}
