@@ -40,6 +40,35 @@ enum Command {
         #[command(subcommand)]
         command: PolicyCommand,
     },
+    /// Decision log tools.
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum AuditCommand {
+    /// Recompute the hash chain: exit 0 intact, 1 naming the first bad
+    /// entry, 2 unreadable.
+    Verify {
+        /// Database URL (`sqlite://PATH`).
+        #[arg(long)]
+        database: String,
+        /// A head exported earlier (`SEQ:HASH`, from a previous verify) that
+        /// the chain must still reach: detects truncation and rewrites.
+        #[arg(long)]
+        expect_head: Option<String>,
+    },
+    /// Write the log as JSON Lines.
+    Export {
+        /// Database URL (`sqlite://PATH`).
+        #[arg(long)]
+        database: String,
+        /// Only entries after this sequence number.
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -66,6 +95,13 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Policy { command } => match command {
             PolicyCommand::Lint { file } => crate::policy::lint(&file),
             PolicyCommand::Schema => crate::policy::schema(),
+        },
+        Command::Audit { command } => match command {
+            AuditCommand::Verify {
+                database,
+                expect_head,
+            } => crate::audit::verify(&database, expect_head.as_deref()),
+            AuditCommand::Export { database, after } => crate::audit::export(&database, after),
         },
     }
 }

@@ -11,7 +11,8 @@ use serde_json::{Value, json};
 use warden::{Engine, HandlerCall, HandlerError, Handlers, SystemClock, WriteRequest};
 use warden_core::audit::ChainVerifier;
 use warden_core::ids::{ActionName, AgentId, Key, Namespace};
-use warden_store::{MemoryStore, Store};
+use warden_sqlite::SqliteStore;
+use warden_store::Store;
 
 use crate::cli::EXAMPLE_POLICY;
 
@@ -44,7 +45,7 @@ impl Report {
     }
 }
 
-fn sop(text: &str, engine: &Engine<MemoryStore>) -> anyhow::Result<warden_core::sop::Sop> {
+fn sop(text: &str, engine: &Engine<SqliteStore>) -> anyhow::Result<warden_core::sop::Sop> {
     warden_core::sop::parse_sop(text, &engine.policy().sop_limits).map_err(|e| anyhow!("{e}"))
 }
 
@@ -58,7 +59,10 @@ pub fn run() -> anyhow::Result<ExitCode> {
 
 async fn scenario() -> anyhow::Result<ExitCode> {
     let policy = warden_core::bundle::compile(EXAMPLE_POLICY).map_err(|e| anyhow!("{e}"))?;
-    let engine = Engine::open(policy, MemoryStore::new(), Arc::new(SystemClock))
+    let store = SqliteStore::open_temp()
+        .await
+        .context("creating a temporary database")?;
+    let engine = Engine::open(policy, store, Arc::new(SystemClock))
         .await
         .context("opening the engine")?;
     let (manager, researcher, formatter) =
@@ -67,7 +71,7 @@ async fn scenario() -> anyhow::Result<ExitCode> {
         "warden demo: the report-production hierarchy (policy `{}`)",
         engine.policy().version
     );
-    println!("  report_manager -> researcher -> formatter; store: temporary, in memory");
+    println!("  report_manager -> researcher -> formatter; store: a temporary SQLite database");
     let mut report = Report {
         passed: 0,
         total: 0,

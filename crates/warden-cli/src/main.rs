@@ -4,6 +4,7 @@
 //! (`check`: rejected; `audit verify`: chain broken; `policy lint`:
 //! problems found), 2 bad input or failure.
 
+mod audit;
 mod check;
 mod cli;
 mod demo;
