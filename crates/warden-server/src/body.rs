@@ -293,6 +293,14 @@ where
         let limits = &state.config().limits;
         let bytes = read_limited(&parts.headers, body, limits.max_body_bytes).await?;
         let value = parse_strict(&bytes, state.max_json_depth())?;
+        // Every request body is an object: serde would otherwise fill a
+        // struct from an array, positionally.
+        if !value.is_object() {
+            return Err(
+                ApiError::invalid("wrong_type", "the body must be a JSON object")
+                    .with_details(json!({"field": ""})),
+            );
+        }
         from_value(value).map(JsonBody)
     }
 }

@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use warden_core::audit::AuditDraft;
@@ -53,12 +54,36 @@ pub struct Metrics {
     /// operation -> reason kind -> count per verdict.
     decisions: Mutex<DecisionCounts>,
     requests: Mutex<RequestStats>,
+    /// Requests being handled now.
+    in_flight: AtomicI64,
+}
+
+/// Counts a request as in flight until dropped (also when the client goes
+/// away and the handler is cancelled).
+#[derive(Debug)]
+pub struct InFlight<'m>(&'m Metrics);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Metrics {
     /// An empty registry.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Count a request as in flight until the guard is dropped.
+    pub fn start_request(&self) -> InFlight<'_> {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(self)
+    }
+
+    /// Requests being handled now.
+    pub fn in_flight(&self) -> i64 {
+        self.in_flight.load(Ordering::Relaxed)
     }
 
     /// Count the decisions in `drafts`.
@@ -151,6 +176,9 @@ impl Metrics {
                 );
             }
         }
+        out.push_str("# HELP warden_http_requests_in_flight Requests being handled now.\n");
+        out.push_str("# TYPE warden_http_requests_in_flight gauge\n");
+        let _ = writeln!(out, "warden_http_requests_in_flight {}", self.in_flight());
         let Ok(map) = self.requests.lock() else {
             return out;
         };

@@ -54,6 +54,7 @@ pub(crate) async fn observe<S: Store>(
         .map_or("unmatched", MatchedPath::as_str)
         .to_owned();
     let timeout = st.config().request_timeout;
+    let in_flight = st.metrics().start_request();
     let fut = CatchUnwind(Box::pin(next.run(req)));
     let response = match tokio::time::timeout(timeout, fut).await {
         Ok(Ok(r)) => r,
@@ -69,6 +70,7 @@ pub(crate) async fn observe<S: Store>(
         )
         .into_response(),
     };
+    drop(in_flight);
     let elapsed = start.elapsed();
     let status = response.status().as_u16();
     st.metrics()
