@@ -18,6 +18,10 @@ fn warden() -> Command {
 }
 
 /// Start `warden serve` and read its stdout up to the listening line.
+#[expect(
+    clippy::zombie_processes,
+    reason = "the child is returned to the caller, which waits for it"
+)]
 fn start(cmd: &mut Command) -> (Child, Vec<String>, String) {
     let mut child = cmd
         .stdout(Stdio::piped())
@@ -28,8 +32,11 @@ fn start(cmd: &mut Command) -> (Child, Vec<String>, String) {
     let mut lines = Vec::new();
     loop {
         let mut line = String::new();
-        let n = out.read_line(&mut line).unwrap();
-        assert!(n > 0, "serve exited before listening: {lines:?}");
+        let n = out.read_line(&mut line).unwrap_or(0);
+        if n == 0 {
+            let status = child.wait();
+            panic!("serve exited before listening ({status:?}): {lines:?}");
+        }
         let line = line.trim_end().to_owned();
         if let Some(addr) = line.strip_prefix("listening on http://") {
             let addr = addr.to_owned();
