@@ -27,6 +27,8 @@ struct Op {
     request: Option<Value>,
     query: &'static [(&'static str, &'static str)],
     success: (u16, Value),
+    /// Another success status with the same body (200 vs 201).
+    also: Option<u16>,
     errors: &'static [u16],
 }
 
@@ -46,6 +48,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             request: Some(schema::<RegisterAgentRequest>(g)),
             query: &[],
             success: (201, schema::<AgentCreatedResponse>(g)),
+            also: None,
             errors: &[400, 401, 403, 409, 413, 422, 429],
         },
         Op {
@@ -57,6 +60,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             request: None,
             query: &[],
             success: (200, schema::<AgentResponse>(g)),
+            also: None,
             errors: &[401, 403, 429],
         },
         Op {
@@ -68,6 +72,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             request: Some(schema::<DelegateRequest>(g)),
             query: &[],
             success: (201, schema::<AgentCreatedResponse>(g)),
+            also: None,
             errors: &[400, 401, 403, 409, 413, 422, 429],
         },
         Op {
@@ -79,6 +84,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             request: None,
             query: &[],
             success: (200, schema::<AgentResponse>(g)),
+            also: None,
             errors: &[400, 401, 403, 404, 429],
         },
         Op {
@@ -90,6 +96,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             request: None,
             query: &[],
             success: (200, schema::<RevokedResponse>(g)),
+            also: None,
             errors: &[400, 401, 403, 404, 429],
         },
         Op {
@@ -101,6 +108,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             request: None,
             query: &[],
             success: (201, schema::<TokenIssuedResponse>(g)),
+            also: None,
             errors: &[400, 401, 403, 404, 409],
         },
         Op {
@@ -112,6 +120,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             request: None,
             query: &[],
             success: (200, schema::<TokenRevokedResponse>(g)),
+            also: None,
             errors: &[401, 403, 404],
         },
         Op {
@@ -123,6 +132,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             request: None,
             query: &[],
             success: (200, schema::<MemoryValueResponse>(g)),
+            also: None,
             errors: &[400, 401, 403, 404, 429],
         },
         Op {
@@ -134,6 +144,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             request: Some(schema::<PutMemoryRequest>(g)),
             query: &[],
             success: (200, schema::<MemoryWrittenResponse>(g)),
+            also: Some(201),
             errors: &[400, 401, 403, 409, 413, 415, 422, 429],
         },
         Op {
@@ -145,6 +156,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             request: None,
             query: &[("expected_revision", "delete only at this revision")],
             success: (200, schema::<MemoryDeletedResponse>(g)),
+            also: None,
             errors: &[400, 401, 403, 404, 409, 429],
         },
         Op {
@@ -156,6 +168,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             request: Some(schema::<ValidateSopRequest>(g)),
             query: &[],
             success: (200, schema::<ValidateResponse>(g)),
+            also: None,
             errors: &[400, 401, 403, 413, 415, 422, 429],
         },
         Op {
@@ -167,6 +180,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             request: Some(schema::<AdmitRunRequest>(g)),
             query: &[],
             success: (201, schema::<RunAdmittedResponse>(g)),
+            also: Some(200),
             errors: &[400, 401, 403, 409, 413, 415, 422, 429],
         },
         Op {
@@ -178,6 +192,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             request: None,
             query: &[],
             success: (200, schema::<GateResponse>(g)),
+            also: None,
             errors: &[400, 401, 403, 404, 409, 429],
         },
         Op {
@@ -189,6 +204,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             request: Some(schema::<CompleteStepRequest>(g)),
             query: &[],
             success: (200, schema::<OutcomeBody>(g)),
+            also: None,
             errors: &[400, 401, 403, 404, 409, 413, 415, 422, 429],
         },
         Op {
@@ -203,6 +219,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
                 ("limit", "page size"),
             ],
             success: (200, schema::<AuditPageResponse>(g)),
+            also: None,
             errors: &[400, 401, 403],
         },
         Op {
@@ -214,6 +231,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             request: None,
             query: &[],
             success: (200, schema::<VerifyResponse>(g)),
+            also: None,
             errors: &[401, 403],
         },
         Op {
@@ -225,6 +243,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             request: None,
             query: &[],
             success: (200, schema::<HealthResponse>(g)),
+            also: None,
             errors: &[],
         },
         Op {
@@ -236,6 +255,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             request: None,
             query: &[],
             success: (200, text.clone()),
+            also: None,
             errors: &[],
         },
         Op {
@@ -247,6 +267,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             request: None,
             query: &[],
             success: (200, json!({"type": "object"})),
+            also: None,
             errors: &[],
         },
     ]
@@ -293,6 +314,12 @@ pub fn document() -> Value {
         } else {
             "application/json"
         };
+        if let Some(also) = op.also {
+            responses.insert(
+                also.to_string(),
+                json!({"description": "success", "content": {media: {"schema": op.success.1.clone()}}}),
+            );
+        }
         responses.insert(
             op.success.0.to_string(),
             json!({"description": "success", "content": {media: {"schema": op.success.1}}}),
