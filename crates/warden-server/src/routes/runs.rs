@@ -281,11 +281,16 @@ async fn execute_memory_step<S: Store>(
                 .map_or(0, |b| b.len() as u64);
             let lock = st.shared.quotas.writer(agent);
             let _guard = lock.lock_owned().await;
-            if let Err(e) = check_storage_quota(st, agent, &ns, &key, len).await {
-                return Ok(StepResult {
-                    error: Some(e.code.to_string()),
-                    ..StepResult::default()
-                });
+            match check_storage_quota(st, agent, &ns, &key, len).await {
+                Ok(()) => {}
+                // Over quota: the step fails (recorded), nothing is written.
+                Err(e) if e.status == StatusCode::TOO_MANY_REQUESTS => {
+                    return Ok(StepResult {
+                        error: Some(e.code.to_string()),
+                        ..StepResult::default()
+                    });
+                }
+                Err(e) => return Err(e),
             }
             return Ok(st.engine().execute_memory(agent, action, arguments).await?);
         }
