@@ -14,7 +14,7 @@
 //! ## Design choices
 //!
 //! - **Generic over the store.** [`AppState`] and [`router`] work with any
-//!   [`Store`](warden_store::Store); the binary chooses the backend from the
+//!   [`Store`]; the binary chooses the backend from the
 //!   database URL. The store is wrapped in [`Metered`], which counts every
 //!   decision as it is appended to the audit log, so the decision metrics
 //!   are exactly the log.
@@ -37,6 +37,7 @@
 //!
 //! Routes, statuses and error codes: see [`ROUTES`], [`error`] and the
 //! document served at `/openapi.json`.
+#![cfg_attr(not(test), warn(missing_docs))]
 
 pub mod auth;
 pub mod body;
