@@ -18,6 +18,23 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the HTTP governance service. Prints the policy, the database,
+    /// where the operator token comes from and `listening on http://ADDR`
+    /// (the real port when `--listen` asks for port 0). Stops on SIGTERM or
+    /// SIGINT after finishing the requests in flight. Logs go to stderr,
+    /// filtered by `WARDEN_LOG` (default `info`).
+    Serve {
+        /// Policy bundle (YAML or JSON); default: the bundled example
+        /// policy (the lab document's report hierarchy).
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        /// Database URL: `sqlite://FILE` or `memory://` (nothing kept).
+        #[arg(long, default_value = "sqlite://warden.db")]
+        database: String,
+        /// Address to listen on (`127.0.0.1:0` picks a free port).
+        #[arg(long, default_value = "127.0.0.1:7070")]
+        listen: String,
+    },
     /// Run the lab document's report-production scenario and print each
     /// acceptance criterion with its evidence.
     Demo,
@@ -85,6 +102,11 @@ enum PolicyCommand {
 /// Run a parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Serve {
+            policy,
+            database,
+            listen,
+        } => crate::serve::run(policy.as_deref(), &database, &listen),
         Command::Demo => crate::demo::run(),
         Command::Check {
             policy,

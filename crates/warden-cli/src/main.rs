@@ -9,6 +9,8 @@ mod check;
 mod cli;
 mod demo;
 mod policy;
+mod serve;
+mod store;
 
 use std::process::ExitCode;
 

@@ -524,7 +524,11 @@ impl<S: Store> Engine<S> {
         )
     }
 
-    async fn execute_memory(
+    /// Execute a `memory.read` or `memory.write` step's effect for `actor`
+    /// (the server owns memory, so it runs these steps itself between the
+    /// gate and the outcome). The write is always in the actor's own scope.
+    /// Denials come back as a `StepResult` with an error, not as `Err`.
+    pub async fn execute_memory(
         &self,
         actor: &AgentId,
         action: &str,

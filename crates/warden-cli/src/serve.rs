@@ -1,0 +1,147 @@
+//! `warden serve`: the HTTP governance service.
+//!
+//! Order of startup matters: the listener is bound *before* an operator
+//! token is generated, so a taken port can never leave a generated token
+//! stored but never shown.
+
+use std::io::{ErrorKind, IsTerminal};
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use warden::SystemClock;
+use warden_server::{AppState, OperatorTokenSource, ServerConfig, ensure_operator_token};
+
+use crate::cli::EXAMPLE_POLICY;
+
+/// How long requests in flight get to finish after a shutdown signal.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("WARDEN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
+
+/// Run the service until SIGTERM or SIGINT.
+pub fn run(policy: Option<&Path>, database: &str, listen: &str) -> anyhow::Result<ExitCode> {
+    init_tracing();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(serve(policy, database, listen))
+}
+
+async fn serve(policy: Option<&Path>, database: &str, listen: &str) -> anyhow::Result<ExitCode> {
+    let (text, origin) = match policy {
+        Some(p) => (
+            std::fs::read_to_string(p).with_context(|| format!("reading `{}`", p.display()))?,
+            format!("`{}`", p.display()),
+        ),
+        None => (EXAMPLE_POLICY.to_owned(), "the bundled example".to_owned()),
+    };
+    let policy = warden_core::bundle::compile(&text).map_err(|e| {
+        let list: Vec<String> = e.issues.iter().map(ToString::to_string).collect();
+        anyhow!("invalid policy bundle {origin}:\n  {}", list.join("\n  "))
+    })?;
+    let version = policy.version.clone();
+
+    let listener = TcpListener::bind(listen).await.map_err(|e| match e.kind() {
+        ErrorKind::AddrInUse => anyhow!(
+            "cannot listen on `{listen}`: the address is already in use (is another warden running? choose another with `--listen`)"
+        ),
+        ErrorKind::PermissionDenied => {
+            anyhow!("cannot listen on `{listen}`: permission denied (ports below 1024 need privileges)")
+        }
+        _ => anyhow!("cannot listen on `{listen}`: {e}"),
+    })?;
+    let addr = listener.local_addr().context("reading the bound address")?;
+
+    let store = crate::store::open(database).await?;
+    let state = AppState::open(
+        policy,
+        store,
+        Arc::new(SystemClock),
+        ServerConfig::default(),
+    )
+    .await
+    .with_context(|| format!("opening the engine over `{database}`"))?;
+    let env_token = std::env::var("WARDEN_OPERATOR_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty());
+    let source = ensure_operator_token(&state, env_token.as_deref())
+        .await
+        .context("setting up the operator token")?;
+
+    println!("policy: `{version}` from {origin}");
+    println!("database: {database}");
+    match source {
+        OperatorTokenSource::Environment => {
+            println!("operator token: from WARDEN_OPERATOR_TOKEN");
+        }
+        OperatorTokenSource::Generated(token) => {
+            println!(
+                "operator token: generated on first start; shown once, only its hash is stored:"
+            );
+            println!("  {token}");
+        }
+        OperatorTokenSource::Existing => println!(
+            "operator token: the one generated on an earlier start (only its hash is stored; set WARDEN_OPERATOR_TOKEN to use your own)"
+        ),
+    }
+    println!("listening on http://{addr}");
+    tracing::info!(%addr, policy = %version, database, "serving");
+
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    let shutdown = async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: finishing requests in flight");
+        let _ = stop_tx.send(true);
+    };
+    let server = warden_server::serve(listener, state, shutdown);
+    let forced = async move {
+        let _ = stop_rx.wait_for(|stop| *stop).await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    tokio::select! {
+        result = server => result.context("serving")?,
+        () = forced => {
+            tracing::warn!("requests still open after {} s; exiting anyway", SHUTDOWN_GRACE.as_secs());
+        }
+    }
+    tracing::info!("stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+}

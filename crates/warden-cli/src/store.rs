@@ -1,0 +1,174 @@
+//! The storage backend chosen by the database URL.
+//!
+//! `Store` returns `impl Future`, so it is not object safe: the backends are
+//! an enum that implements `Store` by delegation. Adding a backend is one
+//! variant, one arm in [`open`] and one line in the `delegate!` macro.
+
+use std::collections::BTreeSet;
+
+use anyhow::bail;
+use warden_core::audit::{AuditDraft, AuditEntry, ChainHead, Digest};
+use warden_core::hierarchy::AgentStatus;
+use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
+use warden_core::memory::{MemoryRecord, Put};
+use warden_core::time::Timestamp;
+use warden_store::{
+    AuditFn, CreateRun, Delete, DeleteOutcome, MemoryStore, PutOutcome, RecordStep, RunRecord,
+    RunState, StepOutcome, Store, StoreError, StoredAgent, TokenRecord, Usage,
+};
+
+/// Every backend this binary can use.
+#[derive(Debug)]
+pub enum AnyStore {
+    /// `memory://`: nothing survives the process.
+    Memory(MemoryStore),
+    /// `sqlite://FILE`: the embedded default.
+    Sqlite(warden_sqlite::SqliteStore),
+}
+
+/// Open the backend named by `url`'s scheme.
+pub async fn open(url: &str) -> anyhow::Result<AnyStore> {
+    let Some((scheme, _)) = url.split_once("://") else {
+        bail!("database URL `{url}` has no scheme: use `sqlite://FILE` or `memory://`");
+    };
+    match scheme {
+        "memory" => Ok(AnyStore::Memory(MemoryStore::new())),
+        "sqlite" => Ok(AnyStore::Sqlite(
+            warden_sqlite::SqliteStore::open(url)
+                .await
+                .map_err(|e| anyhow::anyhow!("database `{url}`: {e}"))?,
+        )),
+        "postgres" | "postgresql" => {
+            bail!("database `{url}`: postgres backend not built in yet")
+        }
+        other => {
+            bail!("database `{url}`: unknown scheme `{other}`; use `sqlite://FILE` or `memory://`")
+        }
+    }
+}
+
+/// Call the same method on whichever backend `self` is.
+macro_rules! delegate {
+    ($self:ident, $s:ident => $call:expr) => {
+        match $self {
+            AnyStore::Memory($s) => $call,
+            AnyStore::Sqlite($s) => $call,
+        }
+    };
+}
+
+impl Store for AnyStore {
+    async fn load_agents(&self) -> Result<Vec<StoredAgent>, StoreError> {
+        delegate!(self, s => s.load_agents().await)
+    }
+
+    async fn insert_agent(
+        &self,
+        agent: StoredAgent,
+        audit: Vec<AuditDraft>,
+    ) -> Result<(), StoreError> {
+        delegate!(self, s => s.insert_agent(agent, audit).await)
+    }
+
+    async fn set_agent_status(
+        &self,
+        ids: Vec<AgentId>,
+        status: AgentStatus,
+        audit: Vec<AuditDraft>,
+    ) -> Result<(), StoreError> {
+        delegate!(self, s => s.set_agent_status(ids, status, audit).await)
+    }
+
+    async fn set_agent_capabilities(
+        &self,
+        id: AgentId,
+        capabilities: BTreeSet<ActionName>,
+        audit: Vec<AuditDraft>,
+    ) -> Result<(), StoreError> {
+        delegate!(self, s => s.set_agent_capabilities(id, capabilities, audit).await)
+    }
+
+    async fn insert_token(
+        &self,
+        token: TokenRecord,
+        audit: Vec<AuditDraft>,
+    ) -> Result<(), StoreError> {
+        delegate!(self, s => s.insert_token(token, audit).await)
+    }
+
+    async fn find_token(&self, hash: Digest) -> Result<Option<TokenRecord>, StoreError> {
+        delegate!(self, s => s.find_token(hash).await)
+    }
+
+    async fn revoke_token(
+        &self,
+        token_id: String,
+        audit: Vec<AuditDraft>,
+    ) -> Result<bool, StoreError> {
+        delegate!(self, s => s.revoke_token(token_id, audit).await)
+    }
+
+    async fn get_records(
+        &self,
+        namespace: Namespace,
+        key: Key,
+        owners: Vec<AgentId>,
+    ) -> Result<Vec<MemoryRecord>, StoreError> {
+        delegate!(self, s => s.get_records(namespace, key, owners).await)
+    }
+
+    async fn put_record(
+        &self,
+        put: Put,
+        now: Timestamp,
+        audit: AuditFn<PutOutcome>,
+    ) -> Result<PutOutcome, StoreError> {
+        delegate!(self, s => s.put_record(put, now, audit).await)
+    }
+
+    async fn delete_record(
+        &self,
+        delete: Delete,
+        audit: AuditFn<DeleteOutcome>,
+    ) -> Result<DeleteOutcome, StoreError> {
+        delegate!(self, s => s.delete_record(delete, audit).await)
+    }
+
+    async fn owner_usage(&self, owner: AgentId) -> Result<Usage, StoreError> {
+        delegate!(self, s => s.owner_usage(owner).await)
+    }
+
+    async fn append_audit(&self, drafts: Vec<AuditDraft>) -> Result<ChainHead, StoreError> {
+        delegate!(self, s => s.append_audit(drafts).await)
+    }
+
+    async fn audit_page(&self, after: u64, limit: usize) -> Result<Vec<AuditEntry>, StoreError> {
+        delegate!(self, s => s.audit_page(after, limit).await)
+    }
+
+    async fn audit_head(&self) -> Result<ChainHead, StoreError> {
+        delegate!(self, s => s.audit_head().await)
+    }
+
+    async fn create_run(
+        &self,
+        run: RunRecord,
+        audit: Vec<AuditDraft>,
+    ) -> Result<CreateRun, StoreError> {
+        delegate!(self, s => s.create_run(run, audit).await)
+    }
+
+    async fn get_run(&self, run_id: RunId) -> Result<Option<RunState>, StoreError> {
+        delegate!(self, s => s.get_run(run_id).await)
+    }
+
+    async fn record_step(
+        &self,
+        run_id: RunId,
+        step_id: StepId,
+        outcome: StepOutcome,
+        audit: Vec<AuditDraft>,
+    ) -> Result<RecordStep, StoreError> {
+        delegate!(self, s => s.record_step(run_id, step_id, outcome, audit).await)
+    }
+}

@@ -1,0 +1,200 @@
+//! [`Metered`]: a [`Store`] wrapper that counts every decision appended to
+//! the audit log, so `warden_decisions_total` is exactly the log's content
+//! (whoever made the decision: engine, quota or authentication).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use warden_core::audit::{AuditDraft, AuditEntry, ChainHead, Digest};
+use warden_core::hierarchy::AgentStatus;
+use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
+use warden_core::memory::{MemoryRecord, Put};
+use warden_core::time::Timestamp;
+use warden_store::{
+    AuditFn, CreateRun, Delete, DeleteOutcome, PutOutcome, RecordStep, RunRecord, RunState,
+    StepOutcome, Store, StoreError, StoredAgent, TokenRecord, Usage,
+};
+
+use crate::metrics::Metrics;
+
+/// A store whose appended decisions are counted in [`Metrics`].
+#[derive(Debug)]
+pub struct Metered<S> {
+    inner: S,
+    metrics: Arc<Metrics>,
+}
+
+impl<S> Metered<S> {
+    /// Wrap `inner`.
+    pub fn new(inner: S, metrics: Arc<Metrics>) -> Self {
+        Self { inner, metrics }
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    fn counted<T>(&self, audit: AuditFn<T>) -> AuditFn<T>
+    where
+        T: 'static,
+    {
+        let metrics = Arc::clone(&self.metrics);
+        Box::new(move |outcome| {
+            let drafts = audit(outcome);
+            metrics.observe_drafts(&drafts);
+            drafts
+        })
+    }
+
+    fn after<T>(&self, r: Result<T, StoreError>, drafts: &[AuditDraft]) -> Result<T, StoreError> {
+        if r.is_ok() {
+            self.metrics.observe_drafts(drafts);
+        }
+        r
+    }
+}
+
+impl<S: Store> Store for Metered<S> {
+    async fn load_agents(&self) -> Result<Vec<StoredAgent>, StoreError> {
+        self.inner.load_agents().await
+    }
+
+    async fn insert_agent(
+        &self,
+        agent: StoredAgent,
+        audit: Vec<AuditDraft>,
+    ) -> Result<(), StoreError> {
+        let r = self.inner.insert_agent(agent, audit.clone()).await;
+        self.after(r, &audit)
+    }
+
+    async fn set_agent_status(
+        &self,
+        ids: Vec<AgentId>,
+        status: AgentStatus,
+        audit: Vec<AuditDraft>,
+    ) -> Result<(), StoreError> {
+        let r = self
+            .inner
+            .set_agent_status(ids, status, audit.clone())
+            .await;
+        self.after(r, &audit)
+    }
+
+    async fn set_agent_capabilities(
+        &self,
+        id: AgentId,
+        capabilities: BTreeSet<ActionName>,
+        audit: Vec<AuditDraft>,
+    ) -> Result<(), StoreError> {
+        let r = self
+            .inner
+            .set_agent_capabilities(id, capabilities, audit.clone())
+            .await;
+        self.after(r, &audit)
+    }
+
+    async fn insert_token(
+        &self,
+        token: TokenRecord,
+        audit: Vec<AuditDraft>,
+    ) -> Result<(), StoreError> {
+        let r = self.inner.insert_token(token, audit.clone()).await;
+        self.after(r, &audit)
+    }
+
+    async fn find_token(&self, hash: Digest) -> Result<Option<TokenRecord>, StoreError> {
+        self.inner.find_token(hash).await
+    }
+
+    async fn revoke_token(
+        &self,
+        token_id: String,
+        audit: Vec<AuditDraft>,
+    ) -> Result<bool, StoreError> {
+        let r = self.inner.revoke_token(token_id, audit.clone()).await;
+        if matches!(r, Ok(true)) {
+            self.metrics.observe_drafts(&audit);
+        }
+        r
+    }
+
+    async fn get_records(
+        &self,
+        namespace: Namespace,
+        key: Key,
+        owners: Vec<AgentId>,
+    ) -> Result<Vec<MemoryRecord>, StoreError> {
+        self.inner.get_records(namespace, key, owners).await
+    }
+
+    async fn put_record(
+        &self,
+        put: Put,
+        now: Timestamp,
+        audit: AuditFn<PutOutcome>,
+    ) -> Result<PutOutcome, StoreError> {
+        let audit = self.counted(audit);
+        self.inner.put_record(put, now, audit).await
+    }
+
+    async fn delete_record(
+        &self,
+        delete: Delete,
+        audit: AuditFn<DeleteOutcome>,
+    ) -> Result<DeleteOutcome, StoreError> {
+        let audit = self.counted(audit);
+        self.inner.delete_record(delete, audit).await
+    }
+
+    async fn owner_usage(&self, owner: AgentId) -> Result<Usage, StoreError> {
+        self.inner.owner_usage(owner).await
+    }
+
+    async fn append_audit(&self, drafts: Vec<AuditDraft>) -> Result<ChainHead, StoreError> {
+        let r = self.inner.append_audit(drafts.clone()).await;
+        self.after(r, &drafts)
+    }
+
+    async fn audit_page(&self, after: u64, limit: usize) -> Result<Vec<AuditEntry>, StoreError> {
+        self.inner.audit_page(after, limit).await
+    }
+
+    async fn audit_head(&self) -> Result<ChainHead, StoreError> {
+        self.inner.audit_head().await
+    }
+
+    async fn create_run(
+        &self,
+        run: RunRecord,
+        audit: Vec<AuditDraft>,
+    ) -> Result<CreateRun, StoreError> {
+        let r = self.inner.create_run(run, audit.clone()).await;
+        if matches!(r, Ok(CreateRun::Created)) {
+            self.metrics.observe_drafts(&audit);
+        }
+        r
+    }
+
+    async fn get_run(&self, run_id: RunId) -> Result<Option<RunState>, StoreError> {
+        self.inner.get_run(run_id).await
+    }
+
+    async fn record_step(
+        &self,
+        run_id: RunId,
+        step_id: StepId,
+        outcome: StepOutcome,
+        audit: Vec<AuditDraft>,
+    ) -> Result<RecordStep, StoreError> {
+        let r = self
+            .inner
+            .record_step(run_id, step_id, outcome, audit.clone())
+            .await;
+        if matches!(r, Ok(RecordStep::Recorded)) {
+            self.metrics.observe_drafts(&audit);
+        }
+        r
+    }
+}

@@ -1,0 +1,282 @@
+//! Agents and tokens.
+
+use std::collections::BTreeSet;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+use warden::{Caller, EngineError, RegisterAgent};
+use warden_core::decision::Verdict;
+use warden_core::hierarchy::AgentStatus;
+use warden_core::ids::{ActionName, AgentId, check_identifier};
+use warden_store::{Store, TokenSubject};
+
+use super::PathParams;
+use crate::auth::{AgentCaller, AnyCaller, OperatorCaller};
+use crate::body::JsonBody;
+use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
+use crate::wire::{
+    AgentCreatedResponse, AgentResponse, DelegateRequest, RegisterAgentRequest, Reply,
+    RevokedResponse, TokenIssuedResponse, TokenRevokedResponse,
+};
+
+/// Operation recorded when an agent view is read.
+pub const OP_AGENT_READ: &str = "agent.read";
+/// The reserved path word for "the calling agent".
+pub const SELF: &str = "self";
+
+fn limit_exceeded(field: &str, max: usize) -> ApiError {
+    ApiError::invalid(
+        "limit_exceeded",
+        format!("`{field}` has more than {max} entries or bytes"),
+    )
+    .with_details(json!({"field": field, "max": max}))
+}
+
+/// Checks of a registration that need no state: reserved id, known action
+/// names, per-field limits.
+fn check_registration<S: Store>(
+    st: &AppState<S>,
+    id: &AgentId,
+    capabilities: &[ActionName],
+    tools: Option<&[String]>,
+) -> ApiResult<()> {
+    let limits = &st.config().limits;
+    if id.as_str() == SELF {
+        return Err(ApiError::invalid(
+            "reserved_agent_id",
+            "`self` is reserved: it names the calling agent in paths",
+        )
+        .with_details(json!({"field": "agent_id"})));
+    }
+    if capabilities.len() > limits.max_capabilities {
+        return Err(limit_exceeded("capabilities", limits.max_capabilities));
+    }
+    let policy = st.engine().policy();
+    if let Some((i, unknown)) = capabilities
+        .iter()
+        .enumerate()
+        .find(|(_, c)| policy.action_index(c).is_none())
+    {
+        return Err(ApiError::invalid(
+            "unknown_capability",
+            format!("capability `{unknown}` is not an action of the policy's catalogue"),
+        )
+        .with_details(json!({"field": format!("capabilities[{i}]")})));
+    }
+    if let Some(tools) = tools {
+        if tools.len() > limits.max_tools {
+            return Err(limit_exceeded("tools", limits.max_tools));
+        }
+        if tools.iter().any(|t| t.len() > limits.max_tool_name_bytes) {
+            return Err(limit_exceeded("tools[]", limits.max_tool_name_bytes));
+        }
+    }
+    Ok(())
+}
+
+async fn created<S: Store>(
+    st: &AppState<S>,
+    view: warden::AgentView,
+    issuer: &Caller,
+) -> ApiResult<Reply<AgentCreatedResponse>> {
+    let token = st
+        .issue_token(TokenSubject::Agent(view.agent_id.clone()), issuer)
+        .await?;
+    Ok(Reply(
+        StatusCode::CREATED,
+        AgentCreatedResponse {
+            agent_id: view.agent_id,
+            parent_id: view.parent_id,
+            token: token.secret,
+            token_id: token.token_id,
+            effective_capabilities: view.effective_capabilities,
+        },
+    ))
+}
+
+/// `POST /v1/agents` (operator).
+pub(crate) async fn register<S: Store>(
+    State(st): State<AppState<S>>,
+    _: OperatorCaller,
+    JsonBody(req): JsonBody<RegisterAgentRequest>,
+) -> ApiResult<Reply<AgentCreatedResponse>> {
+    check_registration(&st, &req.agent_id, &req.capabilities, req.tools.as_deref())?;
+    let view = st
+        .engine()
+        .register_agent(
+            &Caller::Operator,
+            RegisterAgent {
+                id: req.agent_id,
+                parent: req.parent_id,
+                capabilities: req.capabilities.into_iter().collect::<BTreeSet<_>>(),
+                tools: req.tools,
+                config: req.config,
+            },
+        )
+        .await?;
+    created(&st, view, &Caller::Operator).await
+}
+
+/// `POST /v1/agents/self/children` (agent): delegation.
+pub(crate) async fn delegate<S: Store>(
+    State(st): State<AppState<S>>,
+    AgentCaller(me): AgentCaller,
+    JsonBody(req): JsonBody<DelegateRequest>,
+) -> ApiResult<Reply<AgentCreatedResponse>> {
+    check_registration(&st, &req.agent_id, &req.capabilities, req.tools.as_deref())?;
+    let caller = Caller::Agent(me.clone());
+    // A `parent_id` naming anyone but the caller goes to the engine as is:
+    // it refuses it (`not_own_child`) and records the attempt.
+    let parent = req.parent_id.unwrap_or(me);
+    let view = st
+        .engine()
+        .register_agent(
+            &caller,
+            RegisterAgent {
+                id: req.agent_id,
+                parent: Some(parent),
+                capabilities: req.capabilities.into_iter().collect(),
+                tools: req.tools,
+                config: req.config,
+            },
+        )
+        .await?;
+    created(&st, view, &caller).await
+}
+
+/// Whether `caller` may see `target`, recording the decision. A missing
+/// agent and one the caller may not see give the same 404.
+async fn visible<S: Store>(
+    st: &AppState<S>,
+    caller: &Caller,
+    target: &AgentId,
+    operation: &str,
+) -> ApiResult<()> {
+    let exists = st.engine().agent(target).is_ok();
+    let (ok, reason) = match caller {
+        Caller::Operator => (exists, if exists { "operator" } else { "unknown_agent" }),
+        Caller::Agent(a) if !exists => (a == target, "unknown_agent"),
+        Caller::Agent(a) if a == target => (true, "self"),
+        Caller::Agent(_) => {
+            let ok = st.engine().may_manage(caller, target, true)?;
+            (ok, if ok { "ancestor" } else { "not_an_ancestor" })
+        }
+    };
+    let verdict = if ok { Verdict::Allow } else { Verdict::Deny };
+    if operation == OP_AGENT_READ || !ok {
+        st.record(
+            caller,
+            operation,
+            target.to_string(),
+            verdict,
+            reason,
+            Value::Null,
+        )
+        .await?;
+    }
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::not_found())
+    }
+}
+
+async fn view<S: Store>(
+    st: &AppState<S>,
+    caller: &Caller,
+    id: &AgentId,
+) -> ApiResult<Reply<AgentResponse>> {
+    visible(st, caller, id, OP_AGENT_READ).await?;
+    let view = st.engine().agent(id).map_err(|_| ApiError::not_found())?;
+    Ok(Reply(StatusCode::OK, view.into()))
+}
+
+/// `GET /v1/agents/{id}` (operator, the agent, its ancestors).
+pub(crate) async fn get<S: Store>(
+    State(st): State<AppState<S>>,
+    AnyCaller(caller): AnyCaller,
+    path: PathParams,
+) -> ApiResult<Reply<AgentResponse>> {
+    let id = path.ident("id", AgentId::parse)?;
+    view(&st, &caller, &id).await
+}
+
+/// `GET /v1/agents/self` (agent): the caller itself.
+pub(crate) async fn get_self<S: Store>(
+    State(st): State<AppState<S>>,
+    AgentCaller(me): AgentCaller,
+) -> ApiResult<Reply<AgentResponse>> {
+    view(&st, &Caller::Agent(me.clone()), &me).await
+}
+
+/// `DELETE /v1/agents/{id}` (operator, an ancestor): revoke with
+/// descendants.
+pub(crate) async fn revoke<S: Store>(
+    State(st): State<AppState<S>>,
+    AnyCaller(caller): AnyCaller,
+    path: PathParams,
+) -> ApiResult<Reply<RevokedResponse>> {
+    let id = path.ident("id", AgentId::parse)?;
+    // An agent that cannot even see the target learns nothing: 404. The
+    // agent itself sees itself, and the engine refuses (and records) a
+    // self-revocation with 403 `not_an_ancestor`.
+    visible(&st, &caller, &id, warden::ops::AGENT_REVOKE).await?;
+    let revoked = st.engine().revoke_agent(&caller, &id).await?;
+    Ok(Reply(StatusCode::OK, RevokedResponse { revoked }))
+}
+
+/// `POST /v1/agents/{id}/tokens` (operator).
+pub(crate) async fn issue_token<S: Store>(
+    State(st): State<AppState<S>>,
+    _: OperatorCaller,
+    path: PathParams,
+) -> ApiResult<Reply<TokenIssuedResponse>> {
+    let id = path.ident("id", AgentId::parse)?;
+    let view = st.engine().agent(&id).map_err(|e| match e {
+        EngineError::UnknownAgent(_) => ApiError::not_found(),
+        other => other.into(),
+    })?;
+    if view.status == AgentStatus::Revoked {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "agent_revoked",
+            format!("agent `{id}` is revoked; a token for it would be refused"),
+        ));
+    }
+    let token = st
+        .issue_token(TokenSubject::Agent(id.clone()), &Caller::Operator)
+        .await?;
+    Ok(Reply(
+        StatusCode::CREATED,
+        TokenIssuedResponse {
+            agent_id: id,
+            token_id: token.token_id,
+            token: token.secret,
+        },
+    ))
+}
+
+/// `DELETE /v1/tokens/{token_id}` (operator): revoke one token; the agent
+/// stays active.
+pub(crate) async fn revoke_token<S: Store>(
+    State(st): State<AppState<S>>,
+    _: OperatorCaller,
+    path: PathParams,
+) -> ApiResult<Reply<TokenRevokedResponse>> {
+    let token_id = path
+        .ident("token_id", |s| check_identifier(s).map(|()| s.to_owned()))
+        .map_err(|_| ApiError::not_found())?;
+    if st.revoke_token(&token_id, &Caller::Operator).await? {
+        Ok(Reply(
+            StatusCode::OK,
+            TokenRevokedResponse {
+                token_id,
+                revoked: true,
+            },
+        ))
+    } else {
+        Err(ApiError::not_found())
+    }
+}

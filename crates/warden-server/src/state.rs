@@ -1,0 +1,161 @@
+//! The server's shared state and configuration.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use warden::{Clock, Engine, EngineError};
+use warden_core::bundle::Policy;
+use warden_store::Store;
+
+use crate::metered::Metered;
+use crate::metrics::Metrics;
+use crate::quota::Quotas;
+
+/// Limits on what one request may carry.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Largest request body, in bytes (413 `body_too_large`).
+    pub max_body_bytes: usize,
+    /// Deepest JSON nesting of a body (400 `json_too_deep`). Raised to fit
+    /// the policy's SOP argument depth when that is deeper.
+    pub max_json_depth: usize,
+    /// Largest memory value, as compact JSON, in bytes (413 `value_too_large`).
+    pub max_value_bytes: usize,
+    /// Most capabilities in one registration.
+    pub max_capabilities: usize,
+    /// Most tools in one registration.
+    pub max_tools: usize,
+    /// Longest tool name, in bytes.
+    pub max_tool_name_bytes: usize,
+    /// Largest `limit` of one audit page.
+    pub max_audit_page: usize,
+}
+
+impl Default for Limits {
+    /// 1 MiB bodies, depth 64, 256 KiB values, 256 capabilities, 64 tools of
+    /// 256 bytes, audit pages of 1000.
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 1024 * 1024,
+            max_json_depth: 64,
+            max_value_bytes: 256 * 1024,
+            max_capabilities: 256,
+            max_tools: 64,
+            max_tool_name_bytes: 256,
+            max_audit_page: 1000,
+        }
+    }
+}
+
+/// How the server behaves.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Request limits.
+    pub limits: Limits,
+    /// Longest a request may take before it is answered 503 `timeout`.
+    pub request_timeout: Duration,
+    /// How long an admitted, unfinished run counts against
+    /// `max_runs_in_flight` (an abandoned run stops counting after this).
+    pub run_ttl: Duration,
+}
+
+impl Default for ServerConfig {
+    /// Default limits, 30 s request timeout, runs count for an hour.
+    fn default() -> Self {
+        Self {
+            limits: Limits::default(),
+            request_timeout: Duration::from_secs(30),
+            run_ttl: Duration::from_secs(3600),
+        }
+    }
+}
+
+pub(crate) struct Shared<S> {
+    pub(crate) engine: Engine<Metered<S>>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) quotas: Quotas,
+    pub(crate) config: ServerConfig,
+    pub(crate) clock: Arc<dyn Clock>,
+}
+
+/// Everything a request handler needs; cheap to clone.
+pub struct AppState<S> {
+    pub(crate) shared: Arc<Shared<S>>,
+}
+
+impl<S> Clone for AppState<S> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S> std::fmt::Debug for AppState<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> AppState<S> {
+    /// Open the engine over `store` (seeding the bundle on a new store) and
+    /// set up metrics and quotas.
+    pub async fn open(
+        policy: Policy,
+        store: S,
+        clock: Arc<dyn Clock>,
+        config: ServerConfig,
+    ) -> Result<Self, EngineError> {
+        let metrics = Arc::new(Metrics::new());
+        let store = Metered::new(store, Arc::clone(&metrics));
+        let engine = Engine::open(policy, store, Arc::clone(&clock)).await?;
+        Ok(Self {
+            shared: Arc::new(Shared {
+                engine,
+                metrics,
+                quotas: Quotas::default(),
+                config,
+                clock,
+            }),
+        })
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine<Metered<S>> {
+        &self.shared.engine
+    }
+
+    /// The backing store (without the metrics wrapper).
+    pub fn store(&self) -> &S {
+        self.shared.engine.store().inner()
+    }
+
+    /// The metrics registry.
+    pub fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ServerConfig {
+        &self.shared.config
+    }
+
+    /// The deepest JSON nesting accepted in a body: the configured limit, or
+    /// deeper if the policy allows deeper SOP arguments (root, `sop`,
+    /// `steps`, the step object and `arguments` come first).
+    pub fn max_json_depth(&self) -> usize {
+        let sop_depth = self.engine().policy().sop_limits.max_depth + 4;
+        self.shared
+            .config
+            .limits
+            .max_json_depth
+            .max(sop_depth)
+            .min(crate::body::MAX_SUPPORTED_DEPTH)
+    }
+
+    pub(crate) fn now_ms(&self) -> i64 {
+        self.shared.clock.now().0
+    }
+}

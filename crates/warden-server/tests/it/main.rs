@@ -1,0 +1,10 @@
+//! Server integration tests: one binary, modules by topic. Every test
+//! starts the real server on `127.0.0.1:0` and talks HTTP to it.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod bad_input;
+mod identity;
+mod lifecycle;
+mod quotas;
+mod scenario;
+mod support;
