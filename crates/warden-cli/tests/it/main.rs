@@ -210,3 +210,171 @@ fn unsupported_databases_and_bad_policies_are_clear_errors() {
         "{err}"
     );
 }
+
+/// `demo` passes all eight acceptance criteria against a temporary SQLite
+/// database.
+#[test]
+fn demo_passes_every_acceptance_criterion() {
+    let out = warden().arg("demo").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert_eq!(text.matches("[PASS]").count(), 8, "{text}");
+    assert!(text.contains("8 passed, 0 failed"));
+}
+
+/// `check`: 0 admitted, 1 rejected (every failing step listed), 2 bad input.
+#[test]
+fn check_exit_codes() {
+    let root = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/report-hierarchy"
+    );
+    let policy = format!("{root}/policy.yaml");
+    let run = |agent: &str, sop: &str, json: bool| {
+        let mut c = warden();
+        c.args([
+            "check",
+            "--policy",
+            &policy,
+            "--agent",
+            agent,
+            &format!("{root}/sops/{sop}.json"),
+        ]);
+        if json {
+            c.arg("--json");
+        }
+        c.output().unwrap()
+    };
+    assert_eq!(
+        run("researcher", "valid-report", false).status.code(),
+        Some(0)
+    );
+    let rejected = run("researcher", "unsafe-upload", false);
+    assert_eq!(rejected.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&rejected.stdout).contains("action_not_in_effective_capabilities")
+    );
+    let json = run("researcher", "path-traversal", true);
+    assert_eq!(json.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v["admitted"], serde_json::json!(false));
+    assert!(
+        v["steps"][0]["decision"]["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("path_")
+    );
+    assert_eq!(run("nobody", "valid-report", false).status.code(), Some(2));
+    assert_eq!(
+        run("researcher", "missing-file", false).status.code(),
+        Some(2)
+    );
+}
+
+/// `policy lint` locates problems; `policy schema` prints JSON Schema.
+#[test]
+fn policy_lint_and_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "policy_version: x\nenvironment_capabilities: [shell.eval]\n",
+    )
+    .unwrap();
+    let out = warden()
+        .args(["policy", "lint", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("environment_capabilities[0]"));
+    let good = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/report-hierarchy/policy.yaml"
+    );
+    assert_eq!(
+        warden()
+            .args(["policy", "lint", good])
+            .output()
+            .unwrap()
+            .status
+            .code(),
+        Some(0)
+    );
+    let out = warden().args(["policy", "schema"]).output().unwrap();
+    let schema: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(schema["properties"]["agents"].is_object());
+}
+
+/// `audit verify` exits 0 on an intact log and 1 naming the first altered
+/// entry after an edit; `--expect-head` catches a truncated tail; `export`
+/// writes one JSON line per entry.
+#[test]
+fn audit_verify_and_export_over_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("w.db");
+    let url = format!("sqlite://{}", db.display());
+    // Populate through a real server run on this file.
+    let (mut child, _lines, addr) = start(warden().env("WARDEN_OPERATOR_TOKEN", OP).args([
+        "serve",
+        "--database",
+        &url,
+        "--listen",
+        "127.0.0.1:0",
+    ]));
+    let resp = http(
+        &addr,
+        &format!(
+            "GET /v1/audit HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {OP}\r\nconnection: close\r\n\r\n"
+        ),
+    );
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    assert!(terminate(&mut child).success());
+
+    let verify = warden()
+        .args(["audit", "verify", "--database", &url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&verify.stdout).to_string();
+    assert_eq!(verify.status.code(), Some(0), "{text}");
+    let export = warden()
+        .args(["audit", "export", "--database", &url])
+        .output()
+        .unwrap();
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&export.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(lines.len() >= 3);
+    let after = warden()
+        .args(["audit", "export", "--database", &url, "--after", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&after.stdout).lines().count(),
+        lines.len() - 2
+    );
+
+    // Edit one field of entry 2 behind Warden's back.
+    assert!(edit_behind_wardens_back(
+        &db,
+        "UPDATE audit SET reason = 'forged' WHERE seq = 2;"
+    ));
+    let broken = warden()
+        .args(["audit", "verify", "--database", &url])
+        .output()
+        .unwrap();
+    assert_eq!(broken.status.code(), Some(1));
+    let out = String::from_utf8_lossy(&broken.stdout);
+    assert!(out.contains("entry 2"), "{out}");
+}
+
+/// Edit the database as an attacker with file access would: drop Warden's
+/// guard triggers, then run `sql` (through Python's sqlite3 module).
+fn edit_behind_wardens_back(db: &std::path::Path, sql: &str) -> bool {
+    let py = "import sqlite3,sys\nc=sqlite3.connect(sys.argv[1])\nfor t in [r[0] for r in c.execute(\"select name from sqlite_master where type='trigger'\")]:\n    c.execute('drop trigger '+t)\nc.executescript(sys.argv[2])\nc.commit()\n";
+    Command::new("python3")
+        .args(["-c", py, db.to_str().unwrap(), sql])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
