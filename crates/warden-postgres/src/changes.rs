@@ -149,6 +149,9 @@ const CATCH_UP_PAGE: usize = 512;
 /// Events buffered for a slow consumer before the listener waits for it.
 const STREAM_BUFFER: usize = 1024;
 
+/// Shortest heartbeat period accepted.
+const MIN_HEARTBEAT: Duration = Duration::from_millis(100);
+
 /// Longest wait between reconnection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -361,7 +364,8 @@ impl Listener {
                 return Ok(Exit::Closed);
             }
         }
-        let mut heartbeat = tokio::time::interval(self.store.inner.options.listen_heartbeat);
+        let period = self.store.inner.options.listen_heartbeat.max(MIN_HEARTBEAT);
+        let mut heartbeat = tokio::time::interval(period);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         heartbeat.reset();
         loop {

@@ -47,7 +47,10 @@
 //!   not `off` (any stronger setting the operator chose, such as
 //!   `remote_apply` for a synchronous standby, is kept). A connection lost
 //!   mid-transaction rolls back: the write and its audit entries are both
-//!   absent.
+//!   absent. An error does not prove the opposite, though: a connection
+//!   lost *during* `COMMIT` leaves the outcome unknown to the caller (the
+//!   write and its audit entries are then either both present or both
+//!   absent); re-read, or retry with compare-and-set.
 //! - **Reads** (`get_records`, `load_agents`, `find_token`, ...) are single
 //!   statements and see everything committed before they start, on any
 //!   server: there is no replica lag as long as every server uses the
@@ -74,6 +77,9 @@
 //!
 //! ## Limits
 //!
+//! The store needs a Tokio runtime (tokio-postgres drives its connections
+//! on background tasks).
+//!
 //! Connections are made without TLS (`sslmode=require` fails rather than
 //! fall back): reach a remote database over a trusted network, a Unix
 //! socket or a TLS-terminating proxy.
@@ -92,4 +98,5 @@ pub use schema::SCHEMA_VERSION;
 pub use store::{MAX_SCHEMA_LEN, PgOptions, PgStore, is_postgres_url};
 pub use verify::{
     AnchorParseError, ExportError, HeadAnchor, VERIFY_PAGE, VerifyError, VerifyReport,
+    export_audit, read_audit_head, verify_audit,
 };

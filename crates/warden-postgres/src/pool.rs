@@ -47,6 +47,14 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
+    /// A connection opened outside the pool (a one-off reader).
+    pub(crate) fn new(client: Client) -> Self {
+        Self {
+            client,
+            stmts: StmtCache::default(),
+        }
+    }
+
     /// Run a statement outside a transaction.
     pub(crate) async fn query(
         &mut self,
@@ -227,19 +235,13 @@ impl Pool {
     /// Put a connection opened elsewhere (the one that ran the migrations)
     /// into the pool.
     pub(crate) fn adopt(&self, client: Client) {
-        self.lock_idle().push(Conn {
-            client,
-            stmts: StmtCache::default(),
-        });
+        self.lock_idle().push(Conn::new(client));
     }
 
     async fn open(&self) -> Result<Conn, StoreError> {
         let client = connect(&self.config).await?;
         client.batch_execute(&self.setup).await.db()?;
-        Ok(Conn {
-            client,
-            stmts: StmtCache::default(),
-        })
+        Ok(Conn::new(client))
     }
 }
 

@@ -144,6 +144,39 @@ pub(crate) async fn migrate(
     Ok(found)
 }
 
+/// Check, without changing anything, that `schema` holds a Warden database
+/// this build can read.
+pub(crate) async fn check_existing(client: &Client, schema: &str) -> Result<(), StoreError> {
+    let has_meta: bool = client
+        .query_one(
+            "SELECT to_regclass(format('%I.warden_meta', $1::text)) IS NOT NULL",
+            &[&schema],
+        )
+        .await
+        .db()?
+        .try_get(0)
+        .map_err(crate::error::column)?;
+    if !has_meta {
+        return Err(StoreError::Corrupt(format!(
+            "schema `{schema}` holds no warden database"
+        )));
+    }
+    let found: i64 = client
+        .query_opt("SELECT schema_version FROM warden_meta", &[])
+        .await
+        .db()?
+        .ok_or_else(|| StoreError::Corrupt("warden_meta holds no schema version".into()))?
+        .try_get(0)
+        .map_err(crate::error::column)?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::SchemaTooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

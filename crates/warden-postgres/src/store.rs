@@ -144,41 +144,14 @@ impl PgStore {
 
     /// Connect with explicit [`PgOptions`].
     pub async fn connect_with(url: &str, options: PgOptions) -> Result<Self, StoreError> {
-        if !is_postgres_url(url) {
-            return Err(StoreError::Backend(
-                "a postgres database url starts with `postgres://` or `postgresql://`".into(),
-            ));
-        }
         if let Some(schema) = &options.schema {
             check_schema_name(schema)?;
         }
-        let mut config: Config = url
-            .parse()
-            .map_err(|e| StoreError::Backend(format!("invalid postgres url: {e}")))?;
-        if config.get_application_name().is_none() {
-            config.application_name("warden");
-        }
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(Duration::from_secs(10));
-        }
+        let config = parse_url(url)?;
         let mut first = pool::connect(&config).await?;
         let (schema, create) = match &options.schema {
             Some(s) => (s.clone(), true),
-            None => {
-                let row = first.query_one("SELECT current_schema()", &[]).await.db()?;
-                let current: Option<String> = row.try_get(0).map_err(crate::error::column)?;
-                let current = current.ok_or_else(|| {
-                    StoreError::Backend(
-                        "the connection's search_path names no existing schema".into(),
-                    )
-                })?;
-                if current.len() > MAX_SCHEMA_LEN || current.contains('\0') {
-                    return Err(StoreError::Backend(format!(
-                        "schema name `{current}` is longer than {MAX_SCHEMA_LEN} bytes"
-                    )));
-                }
-                (current, false)
-            }
+            None => (current_schema(&first).await?, false),
         };
         let setup = setup_sql(&mut first, &schema).await?;
         first.batch_execute(&setup).await.db()?;
@@ -231,9 +204,48 @@ impl PgStore {
     }
 }
 
+/// Parse a `postgres://` or `postgresql://` URL, with Warden's defaults
+/// for what it leaves out (application name, connect timeout).
+pub(crate) fn parse_url(url: &str) -> Result<Config, StoreError> {
+    if !is_postgres_url(url) {
+        return Err(StoreError::Backend(
+            "a postgres database url starts with `postgres://` or `postgresql://`".into(),
+        ));
+    }
+    let mut config: Config = url
+        .parse()
+        .map_err(|e| StoreError::Backend(format!("invalid postgres url: {e}")))?;
+    if config.get_application_name().is_none() {
+        config.application_name("warden");
+    }
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(10));
+    }
+    Ok(config)
+}
+
+/// The connection's current schema (the first existing schema on its
+/// `search_path`).
+pub(crate) async fn current_schema(client: &tokio_postgres::Client) -> Result<String, StoreError> {
+    let row = client
+        .query_one("SELECT current_schema()", &[])
+        .await
+        .db()?;
+    let current: Option<String> = row.try_get(0).map_err(crate::error::column)?;
+    let current = current.ok_or_else(|| {
+        StoreError::Backend("the connection's search_path names no existing schema".into())
+    })?;
+    if current.len() > MAX_SCHEMA_LEN {
+        return Err(StoreError::Backend(format!(
+            "schema name `{current}` is longer than {MAX_SCHEMA_LEN} bytes"
+        )));
+    }
+    Ok(current)
+}
+
 /// The SQL each new connection runs: pin `search_path` to the schema, and
 /// make sure a commit is acknowledged only once it is durable.
-async fn setup_sql(
+pub(crate) async fn setup_sql(
     client: &mut tokio_postgres::Client,
     schema: &str,
 ) -> Result<String, StoreError> {

@@ -317,7 +317,7 @@ async fn export_writes_json_lines_after_a_sequence_number() {
         .await
         .unwrap();
     let mut out = Vec::new();
-    assert_eq!(store.export_jsonl(0, &mut out).await.unwrap(), 9);
+    assert_eq!(store.export_audit(0, &mut out).await.unwrap(), 9);
     let text = String::from_utf8(out).unwrap();
     let parsed: Vec<AuditEntry> = text
         .lines()
@@ -325,7 +325,7 @@ async fn export_writes_json_lines_after_a_sequence_number() {
         .collect();
     assert_eq!(parsed, audit_all(&store).await);
     let mut tail = Vec::new();
-    assert_eq!(store.export_jsonl(6, &mut tail).await.unwrap(), 3);
+    assert_eq!(store.export_audit(6, &mut tail).await.unwrap(), 3);
     let seqs: Vec<u64> = String::from_utf8(tail)
         .unwrap()
         .lines()
@@ -333,6 +333,79 @@ async fn export_writes_json_lines_after_a_sequence_number() {
         .collect();
     assert_eq!(seqs, [7, 8, 9]);
     let mut none = Vec::new();
-    assert_eq!(store.export_jsonl(9, &mut none).await.unwrap(), 0);
+    assert_eq!(store.export_audit(9, &mut none).await.unwrap(), 0);
     assert!(none.is_empty());
+}
+
+/// The free functions the CLI calls read an existing database through its
+/// URL (schema from `search_path`) and change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_readers_verify_export_and_read_the_head() {
+    let scratch = scratch_or_skip!();
+    let url = format!("{}?options=-csearch_path%3D{}", scratch.url, scratch.schema);
+    // Nothing there yet: refused, and nothing is created.
+    let err = warden_postgres::verify_audit(&url, None).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            VerifyError::Store(warden_store::StoreError::Backend(_))
+        ),
+        "{err:?}"
+    );
+    raw_client(&scratch.url)
+        .await
+        .batch_execute(&format!("CREATE SCHEMA \"{}\"", scratch.schema))
+        .await
+        .unwrap();
+    let err = warden_postgres::verify_audit(&url, None).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            VerifyError::Store(warden_store::StoreError::Corrupt(_))
+        ),
+        "{err:?}"
+    );
+    let sql = scratch.client().await;
+    let tables: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = $1",
+            &[&scratch.schema],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tables, 0);
+
+    let store = scratch.store().await;
+    store
+        .append_audit((1..=5).map(numbered).collect())
+        .await
+        .unwrap();
+    let head = warden_postgres::read_audit_head(&url).await.unwrap();
+    assert_eq!(head, HeadAnchor::of(&store.audit_head().await.unwrap()));
+    let report = warden_postgres::verify_audit(&url, Some(head))
+        .await
+        .unwrap();
+    assert_eq!(report.verified.seq, 5);
+    let mut out = Vec::new();
+    assert_eq!(
+        warden_postgres::export_audit(&url, 2, &mut out)
+            .await
+            .unwrap(),
+        3
+    );
+    assert_eq!(String::from_utf8(out).unwrap().lines().count(), 3);
+    // A newer schema is refused.
+    sql.execute(
+        "UPDATE warden_meta SET schema_version = $1",
+        &[&(warden_postgres::SCHEMA_VERSION + 1)],
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        warden_postgres::verify_audit(&url, None).await,
+        Err(VerifyError::Store(
+            warden_store::StoreError::SchemaTooNew { .. }
+        ))
+    ));
 }

@@ -129,6 +129,10 @@ async fn crash_kill_9_loses_no_acknowledged_write() {
                 round_acks.insert(i.trim().parse::<u64>().unwrap());
             }
         }
+        eprintln!(
+            "round {round}: killed the writer after {} acknowledged puts",
+            round_acks.len()
+        );
         acked.insert(round, round_acks);
     }
 
