@@ -27,9 +27,11 @@ use crate::schema::{self, quote_ident};
 /// [`PgStore::connect`] uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PgOptions {
-    /// The schema to keep Warden's tables in, created if missing. `None`
-    /// uses the connection's current schema (the first existing schema on
-    /// its `search_path`, normally `public`).
+    /// The schema to keep Warden's tables in, created if missing: 1 to
+    /// [`MAX_SCHEMA_LEN`] characters from `a-z 0-9 _`, not starting with a
+    /// digit. `None` uses the connection's current schema (the first
+    /// existing schema on its `search_path`, normally `public`; a URL can
+    /// set it with `?options=-csearch_path%3DNAME`).
     pub schema: Option<String>,
     /// Most connections the store opens at once for its operations (the
     /// change listener of [`PgStore::subscribe`] has its own).

@@ -243,3 +243,34 @@ async fn a_lost_listener_reconnects_and_catches_up() {
         change(4, ChangeKind::AgentInserted, &["after"])
     );
 }
+
+/// A change whose notification never came (inserted here without NOTIFY)
+/// is still delivered, by the listener's periodic check of the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missed_notification_is_caught_by_the_heartbeat() {
+    let scratch = scratch_or_skip!();
+    let options = warden_postgres::PgOptions {
+        listen_heartbeat: Duration::from_millis(200),
+        ..scratch.options(2)
+    };
+    let a = warden_postgres::PgStore::connect_with(&scratch.url, options)
+        .await
+        .unwrap();
+    let mut stream = a.subscribe().await.unwrap();
+    let sql = scratch.client().await;
+    sql.batch_execute(
+        "INSERT INTO changes (seq, kind, ids) VALUES (1, 'agent_status', '{silent}')",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        next_change(&mut stream).await,
+        change(1, ChangeKind::AgentStatus, &["silent"])
+    );
+    // Notifications keep working after it.
+    a.insert_agent(agent("loud", None), vec![]).await.unwrap();
+    assert_eq!(
+        next_change(&mut stream).await,
+        change(2, ChangeKind::AgentInserted, &["loud"])
+    );
+}
