@@ -41,7 +41,12 @@
 //!   the transaction's own work and held for two round trips and the commit
 //!   flush, so audited writes top out at about one per (2 × round trip +
 //!   commit flush) however many servers there are; reads never take it.
-//!   See the benchmarks (`benches/postgres.rs`) for figures.
+//!   Measured (`benches/postgres.rs`, loopback, PostgreSQL 15 on a 2-core
+//!   VM whose disk flushes in 2 to 5 ms): a compare-and-set put with its
+//!   audit entry takes 4.5 ms for one client (about 220 per second) and
+//!   8 clients together reach about 480 per second; `get_records` takes
+//!   0.1 to 0.2 ms. The flush dominates: a faster disk, or a database
+//!   server with a battery-backed cache, raises the ceiling directly.
 //! - **Acknowledged means durable.** A method returns `Ok` only after
 //!   `COMMIT` returned. Each connection makes sure `synchronous_commit` is
 //!   not `off` (any stronger setting the operator chose, such as
@@ -65,6 +70,22 @@
 //!   ([`StoreError::SchemaTooNew`](warden_store::StoreError::SchemaTooNew))
 //!   and left unchanged. See [`SCHEMA_VERSION`].
 //!
+//! ## Change notifications
+//!
+//! Transactions that change agents or tokens also record a [`Change`]
+//! (`changes` table, gapless sequence numbers in commit order) and
+//! `NOTIFY` it; [`PgStore::subscribe`] returns a [`ChangeStream`] that
+//! delivers every change once, in order, across reconnects, and
+//! [`PgStore::changes_since`] reads the table directly. See [`changes`].
+//!
+//! ## Audit verification and export
+//!
+//! [`PgStore::verify_audit`] and [`PgStore::export_audit`] work on an open
+//! store; [`verify_audit`], [`export_audit`] and [`read_audit_head`] take a
+//! URL, open one connection and change nothing (what `warden audit verify`
+//! and `warden audit export` call, as they call the SQLite backend's
+//! functions of the same names). See [`verify`].
+//!
 //! ## Schema
 //!
 //! Tables (in the schema chosen by [`PgOptions::schema`]): `warden_meta`
@@ -83,6 +104,15 @@
 //! Connections are made without TLS (`sslmode=require` fails rather than
 //! fall back): reach a remote database over a trusted network, a Unix
 //! socket or a TLS-terminating proxy.
+//!
+//! Tested on PostgreSQL 15. The schema uses advisory locks, `LISTEN` /
+//! `NOTIFY`, a PL/pgSQL trigger and a stored generated column; a
+//! Postgres-compatible distributed engine lacking one of them is not
+//! supported yet (without `NOTIFY`, nodes could poll
+//! [`PgStore::changes_since`] instead).
+//!
+//! The `changes` table is never pruned by Warden; it grows by one small row
+//! per agent or token change.
 
 mod codec;
 mod error;
