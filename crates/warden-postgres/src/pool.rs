@@ -154,24 +154,26 @@ pub(crate) struct Pooled<'p> {
     _permit: SemaphorePermit<'p>,
 }
 
-impl std::ops::Deref for Pooled<'_> {
-    type Target = Conn;
-
-    fn deref(&self) -> &Conn {
-        // `conn` is only taken in `drop`.
-        match &self.conn {
-            Some(c) => c,
-            None => unreachable!("a pooled connection is present until dropped"),
-        }
+impl Pooled<'_> {
+    /// The connection: present until the guard drops.
+    pub(crate) fn conn(&mut self) -> Result<&mut Conn, StoreError> {
+        self.conn
+            .as_mut()
+            .ok_or_else(|| StoreError::Backend("the pooled connection was already returned".into()))
     }
-}
 
-impl std::ops::DerefMut for Pooled<'_> {
-    fn deref_mut(&mut self) -> &mut Conn {
-        match &mut self.conn {
-            Some(c) => c,
-            None => unreachable!("a pooled connection is present until dropped"),
-        }
+    /// [`Conn::query`] on the pooled connection.
+    pub(crate) async fn query(
+        &mut self,
+        sql: &'static str,
+        params: Params<'_>,
+    ) -> Result<Vec<Row>, StoreError> {
+        self.conn()?.query(sql, params).await
+    }
+
+    /// [`Conn::begin`] on the pooled connection.
+    pub(crate) async fn begin(&mut self) -> Result<Tx<'_>, StoreError> {
+        self.conn()?.begin().await
     }
 }
 

@@ -243,7 +243,7 @@ impl PgStore {
         anchor: Option<HeadAnchor>,
     ) -> Result<VerifyReport, VerifyError> {
         let mut conn = self.inner.pool.get().await?;
-        verify_on(&mut conn, anchor).await
+        verify_on(conn.conn()?, anchor).await
     }
 
     /// Write every entry with `seq > after` to `out` as JSON Lines (see
@@ -254,7 +254,7 @@ impl PgStore {
         out: W,
     ) -> Result<u64, ExportError> {
         let mut conn = self.inner.pool.get().await?;
-        export_on(&mut conn, after, out).await
+        export_on(conn.conn()?, after, out).await
     }
 }
 
