@@ -1,0 +1,270 @@
+//! Runs and exactly-once step outcomes.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tokio::sync::Barrier;
+use warden_core::audit::Digest;
+use warden_core::decision::Verdict;
+use warden_core::ids::{Label, RunId, StepId};
+use warden_core::time::Timestamp;
+use warden_store::{
+    CreateRun, RecordStep, RunRecord, RunStep, StepOutcome, StepStatus, Store, StoreError,
+};
+
+use crate::support::*;
+
+fn run_id(s: &str) -> RunId {
+    RunId::parse(s).unwrap()
+}
+
+fn step_id(s: &str) -> StepId {
+    StepId::parse(s).unwrap()
+}
+
+fn sample_run(name: &str, sop_hash: Digest) -> RunRecord {
+    RunRecord {
+        run_id: run_id(name),
+        agent: id("researcher"),
+        sop_hash,
+        sop: json!({"sop_id": "report", "version": 1, "steps": [{"step_id": "s1"}, {"step_id": "s2"}, {"step_id": "s3"}]}),
+        steps: ["s1", "s2", "s3"]
+            .iter()
+            .enumerate()
+            .map(|(i, s)| RunStep {
+                step_id: step_id(s),
+                action: action(if i == 0 {
+                    "document.summarize"
+                } else {
+                    "artifact.save"
+                }),
+                operation_id: format!("{name}:{s}"),
+            })
+            .collect(),
+        policy_version: "pg-1".to_string(),
+        created_at: Timestamp(77),
+    }
+}
+
+fn completed(result: Value) -> StepOutcome {
+    StepOutcome {
+        status: StepStatus::Completed,
+        result: Some(result),
+        error: None,
+        labels: vec![
+            Label::parse("pii").unwrap(),
+            Label::parse("financial").unwrap(),
+        ],
+        recorded_at: Timestamp(88),
+    }
+}
+
+fn admit(name: &str) -> Vec<warden_core::audit::AuditDraft> {
+    vec![draft(
+        "researcher",
+        "run.admit",
+        name,
+        Verdict::Allow,
+        "admitted",
+    )]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_are_created_once_and_read_back() {
+    let scratch = scratch_or_skip!();
+    let store = scratch.store().await;
+    let run = sample_run("run-1", Digest::of(b"sop"));
+    assert_eq!(
+        store.create_run(run.clone(), admit("run-1")).await.unwrap(),
+        CreateRun::Created
+    );
+    assert_eq!(head_count(&store).await, 1);
+    let state = store.get_run(run_id("run-1")).await.unwrap().unwrap();
+    assert_eq!(state.run, run);
+    assert!(state.outcomes.is_empty());
+    match store
+        .create_run(
+            sample_run("run-1", Digest::of(b"another sop")),
+            admit("run-1"),
+        )
+        .await
+        .unwrap()
+    {
+        CreateRun::Existing(existing) => assert_eq!(existing.run, run),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(head_count(&store).await, 1);
+    assert_eq!(store.get_run(run_id("run-2")).await.unwrap(), None);
+    let mut empty = sample_run("run-empty", Digest::of(b"sop"));
+    empty.steps.clear();
+    assert_eq!(
+        store.create_run(empty.clone(), vec![]).await.unwrap(),
+        CreateRun::Created
+    );
+    assert_eq!(
+        store
+            .get_run(run_id("run-empty"))
+            .await
+            .unwrap()
+            .unwrap()
+            .run,
+        empty
+    );
+    assert_chain(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_outcome_is_recorded_exactly_once() {
+    let scratch = scratch_or_skip!();
+    let store = scratch.store().await;
+    store
+        .create_run(sample_run("run-1", Digest::of(b"sop")), vec![])
+        .await
+        .unwrap();
+    let audit = |s: &str| {
+        vec![draft(
+            "researcher",
+            "step.complete",
+            s,
+            Verdict::Allow,
+            "step_allowed",
+        )]
+    };
+    let first = completed(json!({"summary": "ok", "n": 3}));
+    assert_eq!(
+        store
+            .record_step(run_id("run-1"), step_id("s1"), first.clone(), audit("s1"))
+            .await
+            .unwrap(),
+        RecordStep::Recorded
+    );
+    let retry = StepOutcome {
+        status: StepStatus::Failed,
+        result: None,
+        error: Some("timeout".into()),
+        labels: vec![],
+        recorded_at: Timestamp(99),
+    };
+    assert_eq!(
+        store
+            .record_step(run_id("run-1"), step_id("s1"), retry.clone(), audit("s1"))
+            .await
+            .unwrap(),
+        RecordStep::AlreadyRecorded(first.clone())
+    );
+    assert_eq!(head_count(&store).await, 1);
+    // A denied step with an error holding a NUL; a null result is kept
+    // apart from no result.
+    let denied = StepOutcome {
+        status: StepStatus::Denied,
+        result: Some(Value::Null),
+        error: Some("lock\0down".into()),
+        ..retry
+    };
+    assert_eq!(
+        store
+            .record_step(run_id("run-1"), step_id("s3"), denied.clone(), audit("s3"))
+            .await
+            .unwrap(),
+        RecordStep::Recorded
+    );
+    let state = store.get_run(run_id("run-1")).await.unwrap().unwrap();
+    assert_eq!(state.outcomes.len(), 2);
+    assert_eq!(state.outcomes.get(&step_id("s1")), Some(&first));
+    assert_eq!(state.outcomes.get(&step_id("s3")), Some(&denied));
+    match store
+        .create_run(sample_run("run-1", Digest::of(b"sop")), vec![])
+        .await
+        .unwrap()
+    {
+        CreateRun::Existing(existing) => assert_eq!(existing.outcomes, state.outcomes),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(head_count(&store).await, 2);
+    assert_chain(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_run_or_step_is_not_found_and_appends_nothing() {
+    let scratch = scratch_or_skip!();
+    let store = scratch.store().await;
+    store
+        .create_run(sample_run("run-1", Digest::of(b"sop")), vec![])
+        .await
+        .unwrap();
+    let audit = || {
+        vec![draft(
+            "researcher",
+            "step.complete",
+            "x",
+            Verdict::Allow,
+            "step_allowed",
+        )]
+    };
+    let err = store
+        .record_step(run_id("ghost"), step_id("s1"), completed(json!(1)), audit())
+        .await
+        .unwrap_err();
+    assert_eq!(err, StoreError::NotFound("ghost".into()));
+    let err = store
+        .record_step(run_id("run-1"), step_id("s9"), completed(json!(1)), audit())
+        .await
+        .unwrap_err();
+    assert_eq!(err, StoreError::NotFound("run-1/s9".into()));
+    assert_eq!(head_count(&store).await, 0);
+}
+
+/// Eight servers' worth of retries race to record one step and to create
+/// one run: exactly one of each wins, and the others see its result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_recorders_and_creators_exactly_once() {
+    let scratch = scratch_or_skip!();
+    let stores = [scratch.store_with(4).await, scratch.store_with(4).await];
+    const RACERS: usize = 8;
+    let barrier = Arc::new(Barrier::new(RACERS));
+    let mut tasks = Vec::new();
+    for i in 0..RACERS {
+        let store = stores[i % 2].clone();
+        let barrier = Arc::clone(&barrier);
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let created = store
+                .create_run(
+                    sample_run("run-x", Digest::of(format!("sop-{i}").as_bytes())),
+                    admit("run-x"),
+                )
+                .await
+                .unwrap();
+            let recorded = store
+                .record_step(
+                    run_id("run-x"),
+                    step_id("s2"),
+                    completed(json!({"by": i})),
+                    admit("s2"),
+                )
+                .await
+                .unwrap();
+            (created, recorded)
+        }));
+    }
+    let mut created = 0;
+    let mut recorded = Vec::new();
+    let mut replayed = Vec::new();
+    for t in tasks {
+        let (c, r) = t.await.unwrap();
+        if c == CreateRun::Created {
+            created += 1;
+        }
+        match r {
+            RecordStep::Recorded => recorded.push(()),
+            RecordStep::AlreadyRecorded(o) => replayed.push(o),
+        }
+    }
+    assert_eq!(created, 1);
+    assert_eq!(recorded.len(), 1);
+    let state = stores[0].get_run(run_id("run-x")).await.unwrap().unwrap();
+    let winner = state.outcomes.get(&step_id("s2")).unwrap();
+    assert!(replayed.iter().all(|o| o == winner));
+    assert_eq!(head_count(&stores[0]).await, 2);
+    assert_chain(&stores[1]).await;
+}
