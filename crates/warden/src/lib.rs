@@ -18,11 +18,13 @@
 //! in a request body or SOP can change it.
 
 mod clock;
+mod context;
 mod engine;
 mod error;
 mod runs;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use context::{DeclassifyOutcome, DelegationOptions, ReviewOutcome};
 pub use engine::{
     Admission, AgentView, Caller, DeleteResult, Engine, ReadOutcome, RegisterAgent, ResolvedValue,
     WriteOutcome, WriteRequest, engine_reasons, ops,
