@@ -45,6 +45,14 @@
 //!   run in order), so the obligation is re-derived at completion; only a
 //!   declassification in between changes it, and that is an explicit,
 //!   authorised lowering.
+//! - Completion folds first and records the outcome second. A crash in
+//!   between leaves the envelope raised and the step open: the retried
+//!   completion folds again (labels are a set; only the version moves) and
+//!   records. Two racing completions of one step may both fold, so the
+//!   envelope may hold the losing report's labels too: more, never fewer.
+//!   Concurrent transitions of one envelope (a fold and a declassification)
+//!   never lose one another: each is a compare-and-set on the version,
+//!   retried on conflict.
 //! - An unknown result label fails the completion: the step is recorded
 //!   `Failed` with error `unknown_label:<first unknown>`, its result is
 //!   dropped, the envelope is unchanged (nothing is lowered, nothing is
@@ -66,6 +74,11 @@
 //! consumed by the next request for exactly that target, which proceeds once
 //! (`escalation_approved`); the one after escalates again. A rejection of a
 //! step records it `Denied` (`escalation_rejected`) and stops the run.
+//!
+//! Admission uses the run's starting envelope too: a step its restrictions
+//! already deny is rejected with the SOP (restrictions never shrink, so it
+//! could never run). Everything else about accumulation is decided step by
+//! step: an admitted run can still be stopped by what its own steps produce.
 //!
 //! # Declassification and export
 //!
@@ -673,7 +686,10 @@ impl<S: Store> Engine<S> {
 
     /// Hold a request for review: the pending escalation of `target` (a new
     /// one, or the one already open) and the recorded `escalate` decision.
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the escalation record is built from the request's parts, shared by steps and delegations"
+    )]
     async fn open_escalation(
         &self,
         target: EscalationTarget,

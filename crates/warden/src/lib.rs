@@ -16,9 +16,15 @@
 //! Identity is an argument of every call: the server derives it from the
 //! bearer token; an embedding program from its own runtime context. Nothing
 //! in a request body or SOP can change it.
+//!
+//! With a `context:` section in the policy, every run carries a context
+//! envelope that accumulates what its steps produce and gates the next step,
+//! delegated children inherit it, escalated requests wait in a review queue,
+//! and only listed declassifiers can lower it: the semantics are in
+//! [`context`].
 
 mod clock;
-mod context;
+pub mod context;
 mod engine;
 mod error;
 mod runs;
