@@ -373,6 +373,21 @@ impl Policy {
             push(loc, e.to_string());
         }
 
+        // Output labels must be labels the context policy knows: folding an
+        // unknown label fails the step, so catch it when the bundle loads.
+        if let Some(cp) = &context {
+            for action in catalogue.iter() {
+                for (j, label) in action.output_labels().iter().enumerate() {
+                    if cp.base_sensitivity(label.as_str()).is_none() {
+                        push(
+                            format!("actions.{}.output_labels[{j}]", action.name()),
+                            format!("unknown label `{label}`: declare it under `context.labels`"),
+                        );
+                    }
+                }
+            }
+        }
+
         // Memory seeds.
         let mut seen = BTreeSet::new();
         for (i, m) in spec.memory.iter().enumerate() {

@@ -231,6 +231,9 @@ fn agent(name: &str, parent: Option<&str>) -> StoredAgent {
         config: Some(json!({"model": "small", "temperature": 0.5, "nested": {"k": [1, 2]}})),
         status: AgentStatus::Active,
         created_at: Timestamp(10),
+        // Children carry an inherited envelope id: it must round-trip.
+        envelope_id: parent
+            .map(|p| warden_core::envelope::EnvelopeId::parse(&format!("env-of-{p}")).unwrap()),
     }
 }
 
@@ -346,6 +349,9 @@ async fn get_one<S: Store>(
 
 fn sample_run(name: &str, sop_hash: Digest) -> RunRecord {
     RunRecord {
+        envelope_id: Some(
+            warden_core::envelope::EnvelopeId::parse(&format!("env-{name}")).unwrap(),
+        ),
         run_id: run_id(name),
         agent: id("researcher"),
         sop_hash,

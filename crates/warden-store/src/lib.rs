@@ -17,6 +17,12 @@
 //! - **The audit log is a hash chain** (see `warden_core::audit`); the backend
 //!   assigns sequence numbers and links each entry to the previous one while
 //!   holding the write lock, so the chain has one total order.
+//! - **Envelope versions only go up.** [`Store::put_envelope`] is a
+//!   compare-and-set on the latest version, so two concurrent folds of one
+//!   envelope cannot lose either: the loser re-reads and folds again.
+//! - **Escalations resolve exactly once** and an approval is consumed
+//!   exactly once ([`Store::resolve_escalation`],
+//!   [`Store::consume_escalation`]), each a single atomic state change.
 //! - **Acknowledged means durable**: a method that returned `Ok` has its
 //!   effect on stable storage (for the in-memory store: in memory).
 //!
@@ -29,12 +35,15 @@ mod memory_store;
 mod records;
 
 pub mod conformance;
+pub mod conformance_context;
 pub mod verify;
 
 use std::collections::BTreeSet;
 use std::future::Future;
 
 use warden_core::audit::{AuditDraft, AuditEntry, ChainHead, Digest};
+use warden_core::decision::Subject;
+use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::hierarchy::AgentStatus;
 use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
 use warden_core::memory::{MemoryRecord, Put};
@@ -206,4 +215,77 @@ pub trait Store: Send + Sync + 'static {
         outcome: StepOutcome,
         audit: Vec<AuditDraft>,
     ) -> impl Future<Output = Result<RecordStep, StoreError>> + Send;
+
+    // ----- context envelopes -----
+
+    /// Store a new version of an envelope, atomically with the entries
+    /// `audit` returns for the outcome.
+    ///
+    /// Every version is kept (receipts refer to `(envelope_id, version)`).
+    /// With `expected_version: None` the envelope must not exist yet (any
+    /// first version); with `Some(v)` its latest stored version must be `v`
+    /// and `record.version` must be above `v`. Otherwise nothing is stored
+    /// and the outcome is [`PutEnvelope::Conflict`] with the latest version.
+    /// SQL: `INSERT INTO envelope_versions (envelope_id, version, record)`
+    /// guarded by the latest version, in one transaction with the audit rows.
+    fn put_envelope(
+        &self,
+        record: EnvelopeRecord,
+        expected_version: Option<u64>,
+        audit: AuditFn<PutEnvelope>,
+    ) -> impl Future<Output = Result<PutEnvelope, StoreError>> + Send;
+
+    /// One version of an envelope (`None`: the latest), if stored.
+    fn get_envelope(
+        &self,
+        envelope_id: EnvelopeId,
+        version: Option<u64>,
+    ) -> impl Future<Output = Result<Option<EnvelopeRecord>, StoreError>> + Send;
+
+    // ----- escalations -----
+
+    /// Store a new pending escalation, unless an open one (pending or
+    /// approved) exists for the same target: then return it and store
+    /// nothing. `audit` gets the outcome. `Duplicate` if the id exists.
+    fn put_escalation(
+        &self,
+        escalation: EscalationRecord,
+        audit: AuditFn<PutEscalation>,
+    ) -> impl Future<Output = Result<PutEscalation, StoreError>> + Send;
+
+    /// One escalation.
+    fn get_escalation(
+        &self,
+        escalation_id: String,
+    ) -> impl Future<Output = Result<Option<EscalationRecord>, StoreError>> + Send;
+
+    /// Escalations with `status` (every one when `None`), oldest first.
+    fn list_escalations(
+        &self,
+        status: Option<EscalationStatus>,
+    ) -> impl Future<Output = Result<Vec<EscalationRecord>, StoreError>> + Send;
+
+    /// Approve or reject a pending escalation, exactly once: only a
+    /// `pending` escalation changes (to `approved` or `rejected`, with `by`,
+    /// `at` and the rejection reason); anything else is
+    /// [`ResolveEscalation::NotPending`]. `audit` gets the outcome.
+    fn resolve_escalation(
+        &self,
+        escalation_id: String,
+        resolution: EscalationResolution,
+        by: Subject,
+        at: Timestamp,
+        audit: AuditFn<ResolveEscalation>,
+    ) -> impl Future<Output = Result<ResolveEscalation, StoreError>> + Send;
+
+    /// Use the approval of `target`, exactly once: the `approved`
+    /// escalation for it (if any) becomes `consumed` at `at` and is
+    /// returned; two concurrent callers never both get it. `audit` gets the
+    /// outcome (`None`: nothing was approved, nothing changed).
+    fn consume_escalation(
+        &self,
+        target: EscalationTarget,
+        at: Timestamp,
+        audit: AuditFn<Option<EscalationRecord>>,
+    ) -> impl Future<Output = Result<Option<EscalationRecord>, StoreError>> + Send;
 }

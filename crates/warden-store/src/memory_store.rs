@@ -6,14 +6,18 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Mutex, MutexGuard};
 
 use warden_core::audit::{AuditDraft, AuditEntry, ChainHead, Digest};
+use warden_core::decision::Subject;
+use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::hierarchy::AgentStatus;
 use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
 use warden_core::memory::{MemoryRecord, Put, PutRejection, apply_put, check_result};
 use warden_core::time::Timestamp;
 
 use crate::{
-    AuditFn, CreateRun, Delete, DeleteOutcome, PutOutcome, RecordStep, RunRecord, RunState,
-    StepOutcome, Store, StoreError, StoredAgent, TokenRecord, Usage,
+    AuditFn, CreateRun, Delete, DeleteOutcome, EscalationRecord, EscalationResolution,
+    EscalationStatus, EscalationTarget, PutEnvelope, PutEscalation, PutOutcome, RecordStep,
+    ResolveEscalation, RunRecord, RunState, StepOutcome, Store, StoreError, StoredAgent,
+    TokenRecord, Usage,
 };
 
 type RecordKey = (AgentId, Namespace, Key);
@@ -26,6 +30,10 @@ struct Inner {
     records: HashMap<RecordKey, MemoryRecord>,
     audit: Vec<AuditEntry>,
     runs: HashMap<RunId, RunState>,
+    /// Every version of every envelope, ascending.
+    envelopes: HashMap<EnvelopeId, Vec<EnvelopeRecord>>,
+    /// Escalations in creation order.
+    escalations: Vec<EscalationRecord>,
 }
 
 impl Inner {
@@ -330,5 +338,175 @@ impl Store for MemoryStore {
         run.outcomes.insert(step_id, outcome);
         g.append(audit);
         Ok(RecordStep::Recorded)
+    }
+
+    async fn put_envelope(
+        &self,
+        record: EnvelopeRecord,
+        expected_version: Option<u64>,
+        audit: AuditFn<PutEnvelope>,
+    ) -> Result<PutEnvelope, StoreError> {
+        let mut g = self.lock()?;
+        let current = g
+            .envelopes
+            .get(&record.envelope_id)
+            .and_then(|v| v.last())
+            .map(|r| r.version);
+        let fits = match (expected_version, current) {
+            (None, None) => true,
+            (Some(expected), Some(current)) => expected == current && record.version > current,
+            _ => false,
+        };
+        let outcome = if fits {
+            PutEnvelope::Written
+        } else {
+            PutEnvelope::Conflict { current }
+        };
+        if fits {
+            g.envelopes
+                .entry(record.envelope_id.clone())
+                .or_default()
+                .push(record);
+        }
+        let drafts = audit(&outcome);
+        g.append(drafts);
+        Ok(outcome)
+    }
+
+    async fn get_envelope(
+        &self,
+        envelope_id: EnvelopeId,
+        version: Option<u64>,
+    ) -> Result<Option<EnvelopeRecord>, StoreError> {
+        let g = self.lock()?;
+        let Some(versions) = g.envelopes.get(&envelope_id) else {
+            return Ok(None);
+        };
+        Ok(match version {
+            None => versions.last().cloned(),
+            Some(v) => versions.iter().find(|r| r.version == v).cloned(),
+        })
+    }
+
+    async fn put_escalation(
+        &self,
+        escalation: EscalationRecord,
+        audit: AuditFn<PutEscalation>,
+    ) -> Result<PutEscalation, StoreError> {
+        let mut g = self.lock()?;
+        if g.escalations
+            .iter()
+            .any(|e| e.escalation_id == escalation.escalation_id)
+        {
+            return Err(StoreError::Duplicate(escalation.escalation_id));
+        }
+        let outcome = match g
+            .escalations
+            .iter()
+            .find(|e| e.target == escalation.target && e.status.is_open())
+        {
+            Some(open) => PutEscalation::Existing(Box::new(open.clone())),
+            None => PutEscalation::Created,
+        };
+        if outcome == PutEscalation::Created {
+            g.escalations.push(escalation);
+        }
+        let drafts = audit(&outcome);
+        g.append(drafts);
+        Ok(outcome)
+    }
+
+    async fn get_escalation(
+        &self,
+        escalation_id: String,
+    ) -> Result<Option<EscalationRecord>, StoreError> {
+        Ok(self
+            .lock()?
+            .escalations
+            .iter()
+            .find(|e| e.escalation_id == escalation_id)
+            .cloned())
+    }
+
+    async fn list_escalations(
+        &self,
+        status: Option<EscalationStatus>,
+    ) -> Result<Vec<EscalationRecord>, StoreError> {
+        Ok(self
+            .lock()?
+            .escalations
+            .iter()
+            .filter(|e| status.is_none_or(|s| e.status == s))
+            .cloned()
+            .collect())
+    }
+
+    async fn resolve_escalation(
+        &self,
+        escalation_id: String,
+        resolution: EscalationResolution,
+        by: Subject,
+        at: Timestamp,
+        audit: AuditFn<ResolveEscalation>,
+    ) -> Result<ResolveEscalation, StoreError> {
+        let mut g = self.lock()?;
+        let outcome = match g
+            .escalations
+            .iter_mut()
+            .find(|e| e.escalation_id == escalation_id)
+        {
+            None => ResolveEscalation::NotFound,
+            Some(e) if e.status != EscalationStatus::Pending => {
+                ResolveEscalation::NotPending(Box::new(e.clone()))
+            }
+            Some(e) => {
+                match resolution {
+                    EscalationResolution::Approve => e.status = EscalationStatus::Approved,
+                    EscalationResolution::Reject { reason } => {
+                        e.status = EscalationStatus::Rejected;
+                        e.rejection_reason = Some(reason);
+                    }
+                }
+                e.resolved_by = Some(by);
+                e.resolved_at = Some(at);
+                ResolveEscalation::Resolved(Box::new(e.clone()))
+            }
+        };
+        let drafts = audit(&outcome);
+        g.append(drafts);
+        Ok(outcome)
+    }
+
+    async fn consume_escalation(
+        &self,
+        target: EscalationTarget,
+        at: Timestamp,
+        audit: AuditFn<Option<EscalationRecord>>,
+    ) -> Result<Option<EscalationRecord>, StoreError> {
+        let mut g = self.lock()?;
+        let outcome = g
+            .escalations
+            .iter_mut()
+            .find(|e| e.target == target && e.status == EscalationStatus::Approved)
+            .map(|e| {
+                e.status = EscalationStatus::Consumed;
+                e.consumed_at = Some(at);
+                e.clone()
+            });
+        let drafts = audit(&outcome);
+        g.append(drafts);
+        Ok(outcome)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn context_conformance() {
+        crate::conformance_context::run_all(&MemoryStore::new())
+            .await
+            .unwrap();
     }
 }

@@ -5,6 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use warden_core::audit::Digest;
+use warden_core::decision::{Obligation, Reason, Subject};
+use warden_core::envelope::{EnvelopeId, Sensitivity};
 use warden_core::hierarchy::{AgentSpec, AgentStatus};
 use warden_core::ids::{ActionName, AgentId, Key, Label, Namespace, RunId, StepId};
 use warden_core::memory::MemoryRecord;
@@ -29,6 +31,10 @@ pub struct StoredAgent {
     pub status: AgentStatus,
     /// When it was registered.
     pub created_at: Timestamp,
+    /// The context envelope it inherited when it was delegated (its runs and
+    /// its own children start from it); `None` for an agent without one.
+    #[serde(default)]
+    pub envelope_id: Option<EnvelopeId>,
 }
 
 impl StoredAgent {
@@ -158,6 +164,12 @@ pub struct RunRecord {
     pub policy_version: String,
     /// When it was admitted.
     pub created_at: Timestamp,
+    /// The run's context envelope (see [`Store::put_envelope`]); `None` when
+    /// the policy has no `context:` section.
+    ///
+    /// [`Store::put_envelope`]: crate::Store::put_envelope
+    #[serde(default)]
+    pub envelope_id: Option<EnvelopeId>,
 }
 
 /// How a step ended.
@@ -216,4 +228,160 @@ pub enum RecordStep {
     Recorded,
     /// An outcome was recorded before; here it is, unchanged.
     AlreadyRecorded(StepOutcome),
+}
+
+// ---------------------------------------------------------------------------
+// Context envelopes
+// ---------------------------------------------------------------------------
+
+/// Outcome of [`Store::put_envelope`](crate::Store::put_envelope).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum PutEnvelope {
+    /// The version is stored and is now the envelope's latest.
+    Written,
+    /// The latest stored version is not the expected one (or the new version
+    /// is not above it); nothing changed.
+    Conflict {
+        /// The latest stored version, if the envelope exists.
+        current: Option<u64>,
+    },
+}
+
+// ---------------------------------------------------------------------------
+// Escalations
+// ---------------------------------------------------------------------------
+
+/// What an escalation holds up.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum EscalationTarget {
+    /// One step of one run.
+    Step {
+        /// The run.
+        run_id: RunId,
+        /// The step.
+        step_id: StepId,
+    },
+    /// The registration of `child` under `parent` (optionally from a run).
+    Delegation {
+        /// The delegating agent.
+        parent: AgentId,
+        /// The child's id.
+        child: AgentId,
+        /// The run the delegation inherits from.
+        #[serde(default)]
+        from_run: Option<RunId>,
+    },
+}
+
+/// Where an escalation is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EscalationStatus {
+    /// Waiting for a reviewer.
+    Pending,
+    /// Approved; the next identical request proceeds once and consumes it.
+    Approved,
+    /// Rejected; final.
+    Rejected,
+    /// Approved and used; final.
+    Consumed,
+}
+
+impl EscalationStatus {
+    /// The status's snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EscalationStatus::Pending => "pending",
+            EscalationStatus::Approved => "approved",
+            EscalationStatus::Rejected => "rejected",
+            EscalationStatus::Consumed => "consumed",
+        }
+    }
+
+    /// Whether the escalation still holds its target (pending or approved):
+    /// at most one open escalation exists per target.
+    pub fn is_open(self) -> bool {
+        matches!(self, EscalationStatus::Pending | EscalationStatus::Approved)
+    }
+}
+
+/// A request held for human review: labels, levels and ids only, never data.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EscalationRecord {
+    /// Its id (`esc-<hex>`).
+    pub escalation_id: String,
+    /// What it holds up.
+    pub target: EscalationTarget,
+    /// Who made the request (the runtime identity).
+    pub requested_by: Subject,
+    /// The operation (`step.begin`, `agent.register`).
+    pub operation: String,
+    /// The resource (`<run>:<step>`, the child's id).
+    pub resource: String,
+    /// Why it escalated (`sensitivity_floor`, `aggregation_backstop`).
+    pub reason: Reason,
+    /// The envelope the decision was made against.
+    #[serde(default)]
+    pub envelope_id: Option<EnvelopeId>,
+    /// That envelope's version.
+    #[serde(default)]
+    pub envelope_version: Option<u64>,
+    /// The envelope's (projected) sensitivity: the record's own
+    /// classification.
+    pub classification: Sensitivity,
+    /// Obligations that bind the request if it is approved.
+    #[serde(default)]
+    pub obligations: Vec<Obligation>,
+    /// Its status.
+    pub status: EscalationStatus,
+    /// When it was created.
+    pub created_at: Timestamp,
+    /// Who approved or rejected it.
+    #[serde(default)]
+    pub resolved_by: Option<Subject>,
+    /// When.
+    #[serde(default)]
+    pub resolved_at: Option<Timestamp>,
+    /// Why it was rejected.
+    #[serde(default)]
+    pub rejection_reason: Option<String>,
+    /// When the approval was used.
+    #[serde(default)]
+    pub consumed_at: Option<Timestamp>,
+}
+
+/// Outcome of [`Store::put_escalation`](crate::Store::put_escalation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutEscalation {
+    /// The escalation is stored, pending.
+    Created,
+    /// An open (pending or approved) escalation for the same target exists;
+    /// here it is, and nothing was stored.
+    Existing(Box<EscalationRecord>),
+}
+
+/// A reviewer's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "resolution", rename_all = "snake_case")]
+pub enum EscalationResolution {
+    /// Let the request proceed once.
+    Approve,
+    /// Refuse it.
+    Reject {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Outcome of [`Store::resolve_escalation`](crate::Store::resolve_escalation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResolveEscalation {
+    /// This call resolved it; the record as stored now.
+    Resolved(Box<EscalationRecord>),
+    /// It was not pending (resolved or consumed before); unchanged.
+    NotPending(Box<EscalationRecord>),
+    /// No such escalation.
+    NotFound,
 }

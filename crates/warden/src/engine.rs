@@ -11,6 +11,7 @@ use warden_core::audit::Digest;
 use warden_core::bundle::{Policy, seed_class, seed_spec};
 use warden_core::canonical::to_canonical;
 use warden_core::decision::{Decision, Reason, Subject, Verdict, reasons};
+use warden_core::envelope::EnvelopeId;
 use warden_core::hierarchy::{AgentIdx, AgentSpec, AgentStatus, Hierarchy, HierarchyError};
 use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId};
 use warden_core::lockdown::{self, Sanitised};
@@ -26,6 +27,7 @@ use warden_store::{
 };
 
 use crate::clock::Clock;
+use crate::context::DelegationOptions;
 use crate::error::EngineError;
 
 /// Operation names recorded in the decision log.
@@ -48,6 +50,22 @@ pub mod ops {
     pub const STEP_BEGIN: &str = "step.begin";
     /// Record a step's outcome.
     pub const STEP_COMPLETE: &str = "step.complete";
+    /// A run's context envelope was opened.
+    pub const CONTEXT_OPEN: &str = "context.open";
+    /// A step's result was folded into its run's envelope.
+    pub const CONTEXT_ACCUMULATE: &str = "context.accumulate";
+    /// A child's envelope was built from its parent's.
+    pub const CONTEXT_DELEGATE: &str = "context.delegate";
+    /// An envelope was declassified (or a declassification refused).
+    pub const CONTEXT_DECLASSIFY: &str = "context.declassify";
+    /// An envelope was signed for a trust boundary.
+    pub const CONTEXT_EXPORT: &str = "context.export";
+    /// A receipt was issued for an envelope.
+    pub const CONTEXT_RECEIPT: &str = "context.receipt";
+    /// An escalation was approved (or an approval refused).
+    pub const ESCALATION_APPROVE: &str = "escalation.approve";
+    /// An escalation was rejected (or a rejection refused).
+    pub const ESCALATION_REJECT: &str = "escalation.reject";
 }
 
 /// Extra reason codes the engine records.
@@ -87,6 +105,30 @@ pub mod engine_reasons {
     pub const STEP_FAILED: Reason = Reason::code("step_failed");
     /// Handlers were missing after admission.
     pub const MISSING_HANDLERS: Reason = Reason::code("missing_handlers");
+    /// A run's root envelope was created (empty, `public`).
+    pub const CONTEXT_CREATED: Reason = Reason::code("context_created");
+    /// Capabilities a delegated child asked for were removed because its
+    /// envelope restricts them.
+    pub const AUTHORITY_NARROWED: Reason = Reason::code("delegated_authority_narrowed");
+    /// A request that escalated before proceeds on an approval.
+    pub const ESCALATION_APPROVED: Reason = Reason::code("escalation_approved");
+    /// An approval was used by the request it covers.
+    pub const ESCALATION_CONSUMED: Reason = Reason::code("escalation_consumed");
+    /// A reviewer rejected the escalation; the request is denied.
+    pub const ESCALATION_REJECTED: Reason = Reason::code("escalation_rejected");
+    /// The escalation was already approved, rejected or used.
+    pub const ESCALATION_NOT_PENDING: Reason = Reason::code("escalation_not_pending");
+    /// The reviewer may not review this escalation (its own request, or not
+    /// an ancestor of the requesting agent).
+    pub const ESCALATION_REVIEWER_NOT_AUTHORIZED: Reason =
+        Reason::code("escalation_reviewer_not_authorized");
+    /// An envelope was signed for export.
+    pub const ENVELOPE_EXPORTED: Reason = Reason::code("envelope_exported");
+    /// A receipt was issued.
+    pub const RECEIPT_ISSUED: Reason = Reason::code("receipt_issued");
+    /// A step completed although the run's restrictions deny it: the gate
+    /// was bypassed. Its labels are folded and the run stops.
+    pub const COMPLETED_WITHOUT_GATE: Reason = Reason::code("completed_without_gate");
 }
 
 use engine_reasons as er;
@@ -133,6 +175,9 @@ pub struct AgentView {
     pub status: AgentStatus,
     /// The config as stored (sanitised).
     pub config: Option<Value>,
+    /// The context envelope it inherited when it was delegated, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envelope_id: Option<EnvelopeId>,
 }
 
 /// A resolved value with its provenance.
@@ -214,6 +259,8 @@ pub struct WriteRequest {
 pub(crate) struct State {
     pub(crate) hierarchy: Hierarchy,
     pub(crate) configs: HashMap<AgentId, Option<Value>>,
+    /// Agent -> the envelope it inherited when it was delegated.
+    pub(crate) envelopes: HashMap<AgentId, EnvelopeId>,
 }
 
 pub(crate) struct Inner<S> {
@@ -267,8 +314,12 @@ impl<S: Store> Engine<S> {
         let specs: Vec<AgentSpec> = stored.iter().map(StoredAgent::spec).collect();
         hierarchy.register_all(&specs, &index_of)?;
         let mut configs = HashMap::new();
+        let mut envelopes = HashMap::new();
         for a in &stored {
             configs.insert(a.id.clone(), a.config.clone());
+            if let Some(e) = &a.envelope_id {
+                envelopes.insert(a.id.clone(), e.clone());
+            }
             if a.status == AgentStatus::Revoked {
                 hierarchy.revoke(a.id.as_str())?;
             }
@@ -278,7 +329,11 @@ impl<S: Store> Engine<S> {
                 policy: Arc::clone(&policy),
                 store,
                 clock,
-                state: RwLock::new(State { hierarchy, configs }),
+                state: RwLock::new(State {
+                    hierarchy,
+                    configs,
+                    envelopes,
+                }),
                 registry: tokio::sync::Mutex::new(()),
             }),
         };
@@ -321,6 +376,7 @@ impl<S: Store> Engine<S> {
                     config: seed.config.clone(),
                     status: AgentStatus::Active,
                     created_at: now,
+                    envelope_id: None,
                 };
                 let decision = self.decision(
                     &Caller::Operator,
@@ -445,9 +501,13 @@ impl<S: Store> Engine<S> {
         let index_of = |a: &ActionName| self.inner.policy.action_index(a);
         let prepared = self.read_state()?.hierarchy.prepare(&spec, &index_of)?;
         let config = stored.config.clone();
+        let envelope = stored.envelope_id.clone();
         self.inner.store.insert_agent(stored, audit).await?;
         let mut state = self.write_state()?;
         state.hierarchy.commit(prepared)?;
+        if let Some(e) = envelope {
+            state.envelopes.insert(spec.id.clone(), e);
+        }
         state.configs.insert(spec.id, config);
         Ok(())
     }
@@ -463,10 +523,39 @@ impl<S: Store> Engine<S> {
     /// (`tools` given) with a block-write tool or self-edit flag is refused;
     /// a child built from a spec has its self-edit flag cleared. Refusals
     /// and sanitisations are recorded; a refused child leaves no agent.
+    ///
+    /// With a `context:` policy, a child whose parent holds an inherited
+    /// envelope inherits from it (see [`Engine::register_agent_with`]).
     pub async fn register_agent(
         &self,
         caller: &Caller,
         req: RegisterAgent,
+    ) -> Result<AgentView, EngineError> {
+        self.register_agent_with(caller, req, DelegationOptions::default())
+            .await
+    }
+
+    /// Register an agent with delegation options: the one path every
+    /// registration and delegation goes through.
+    ///
+    /// Beyond [`Engine::register_agent`], when the policy has a `context:`
+    /// section and the new agent has a parent, the child's envelope is built
+    /// with `Envelope::delegate` from (first that applies) the envelope of
+    /// `options.from_run` (a run of the parent), the parent's own inherited
+    /// envelope, or, when `options.restrictions` are declared, an empty
+    /// envelope of the parent. The delegation is decided against that source
+    /// envelope: `deny` refuses it ([`EngineError::Denied`]), `escalate`
+    /// holds it for review ([`EngineError::Escalated`]; an approval lets the
+    /// same parent, child and run through once); both are recorded and
+    /// create nothing. A permitted child's declared capabilities are
+    /// narrowed to `effective_delegated_authority` (delegator ∩ delegatee ∩
+    /// what the envelope's restrictions allow ∩ environment), recorded as
+    /// `delegated_authority_narrowed`, and its runs start from its envelope.
+    pub async fn register_agent_with(
+        &self,
+        caller: &Caller,
+        mut req: RegisterAgent,
+        options: DelegationOptions,
     ) -> Result<AgentView, EngineError> {
         let _guard = self.inner.registry.lock().await;
         let now = self.now();
@@ -552,7 +641,12 @@ impl<S: Store> Engine<S> {
             self.record(&d).await?;
             return Err(EngineError::Hierarchy(e));
         }
-        let d = self.decision(
+        // Context: decide the delegation against the envelope the child
+        // inherits, build the child's envelope, narrow its authority.
+        let child_context = self
+            .delegation_context(caller, &mut req, &options, now, &mut audit)
+            .await?;
+        let mut d = self.decision(
             caller,
             Verdict::Allow,
             reasons::AGENT_REGISTERED,
@@ -560,7 +654,28 @@ impl<S: Store> Engine<S> {
             resource,
             now,
         );
-        audit.push(self.draft(&d));
+        let mut draft_details = Value::Null;
+        if let Some(c) = &child_context {
+            d.verdict = c.verdict;
+            d.obligations = c.obligations.clone();
+            draft_details = c.details.clone();
+        }
+        audit.push(self.draft(&d).with_details(draft_details));
+        let spec = AgentSpec {
+            id: req.id.clone(),
+            parent: req.parent.clone(),
+            capabilities: req.capabilities.clone(),
+        };
+        let mut envelope_id = None;
+        if let Some(c) = child_context {
+            // Envelopes first: one nothing references yet is inert if the
+            // agent insert below fails; the transition entries commit with
+            // the agent.
+            for record in c.records {
+                self.create_envelope(record).await?;
+            }
+            envelope_id = Some(c.envelope_id);
+        }
         let stored = StoredAgent {
             id: req.id.clone(),
             parent: req.parent.clone(),
@@ -569,20 +684,49 @@ impl<S: Store> Engine<S> {
             config,
             status: AgentStatus::Active,
             created_at: now,
+            envelope_id,
         };
         self.commit_agent(spec, stored, audit).await?;
         self.agent(&req.id)
     }
 
     /// Register a child of `parent` (delegation): the child's effective
-    /// capabilities are within the parent's, and lockdown applies.
+    /// capabilities are within the parent's, and lockdown applies. A parent
+    /// holding an inherited envelope passes it on.
     pub async fn delegate(
         &self,
         parent: &AgentId,
+        req: RegisterAgent,
+    ) -> Result<AgentView, EngineError> {
+        self.delegate_with(parent, req, DelegationOptions::default())
+            .await
+    }
+
+    /// Register a child of `parent` that inherits the envelope of
+    /// `from_run` (a run of `parent`): see [`Engine::register_agent_with`].
+    pub async fn delegate_from_run(
+        &self,
+        parent: &AgentId,
+        req: RegisterAgent,
+        from_run: RunId,
+    ) -> Result<AgentView, EngineError> {
+        let options = DelegationOptions {
+            from_run: Some(from_run),
+            ..DelegationOptions::default()
+        };
+        self.delegate_with(parent, req, options).await
+    }
+
+    /// Register a child of `parent` with delegation options: see
+    /// [`Engine::register_agent_with`].
+    pub async fn delegate_with(
+        &self,
+        parent: &AgentId,
         mut req: RegisterAgent,
+        options: DelegationOptions,
     ) -> Result<AgentView, EngineError> {
         req.parent = Some(parent.clone());
-        self.register_agent(&Caller::Agent(parent.clone()), req)
+        self.register_agent_with(&Caller::Agent(parent.clone()), req, options)
             .await
     }
 
@@ -607,6 +751,7 @@ impl<S: Store> Engine<S> {
             effective_capabilities: self.inner.policy.action_names(node.effective()),
             status: node.status(),
             config: state.configs.get(id).cloned().flatten(),
+            envelope_id: state.envelopes.get(id).cloned(),
         })
     }
 
@@ -1036,6 +1181,14 @@ impl<S: Store> Engine<S> {
     /// Admit `sop` as a run. A rejected SOP creates no run and runs nothing;
     /// every step's decision is recorded either way. A reused `run_id` with
     /// the same SOP and agent returns the existing run (idempotent).
+    ///
+    /// With a `context:` policy the run gets its own envelope: a new, empty
+    /// root, or, for an agent holding an inherited envelope, one delegated
+    /// from it (same restrictions, sensitivity at least as high). A step the
+    /// starting restrictions already deny (`restricted_by:…`) rejects the
+    /// whole SOP here, since restrictions never shrink. Admission stays
+    /// all-or-nothing over what is known up front: later steps can still be
+    /// denied or escalated by what earlier steps accumulate.
     pub async fn admit_run(
         &self,
         actor: &AgentId,
@@ -1044,7 +1197,26 @@ impl<S: Store> Engine<S> {
     ) -> Result<Admission, EngineError> {
         let now = self.now();
         let caller = Caller::Agent(actor.clone());
-        let result = self.preflight(actor, sop)?;
+        let mut result = self.preflight(actor, sop)?;
+        let run_id = match run_id {
+            Some(r) => r,
+            None => new_run_id()?,
+        };
+        let sop_value = serde_json::to_value(sop).map_err(|e| EngineError::Invalid {
+            field: "sop".into(),
+            message: e.to_string(),
+        })?;
+        let sop_hash = Digest::of(&to_canonical(&sop_value));
+        let mut opened = None;
+        if result.admitted && self.context_policy().is_some() {
+            // An existing run keeps its envelope: open none for it.
+            if let Some(state) = self.inner.store.get_run(run_id.clone()).await? {
+                return existing_admission(state, actor, sop_hash, result, &run_id);
+            }
+            let (envelope, draft) = self.open_run_envelope(actor, &run_id, now).await?;
+            self.restrict_admission(&mut result, &envelope);
+            opened = Some((envelope, draft));
+        }
         let mut drafts: Vec<AuditDraft> = result
             .steps
             .iter()
@@ -1066,15 +1238,6 @@ impl<S: Store> Engine<S> {
             self.inner.store.append_audit(drafts).await?;
             return Ok(Admission::Rejected(result));
         }
-        let sop_value = serde_json::to_value(sop).map_err(|e| EngineError::Invalid {
-            field: "sop".into(),
-            message: e.to_string(),
-        })?;
-        let sop_hash = Digest::of(&to_canonical(&sop_value));
-        let run_id = match run_id {
-            Some(r) => r,
-            None => new_run_id()?,
-        };
         let steps: Vec<RunStep> = sop
             .steps
             .iter()
@@ -1094,6 +1257,7 @@ impl<S: Store> Engine<S> {
             steps,
             policy_version: self.inner.policy.version.clone(),
             created_at: now,
+            envelope_id: opened.as_ref().map(|(e, _)| e.envelope_id().clone()),
         };
         let d = self.decision(
             &caller,
@@ -1108,6 +1272,12 @@ impl<S: Store> Engine<S> {
                 json!({"sop_id": sop.sop_id.as_str(), "sop_hash": sop_hash.to_hex()}),
             ),
         );
+        if let Some((envelope, draft)) = opened {
+            // The envelope first (inert until the run names it); its opening
+            // is recorded with the admission.
+            self.create_envelope(envelope.to_record()).await?;
+            drafts.push(draft);
+        }
         match self.inner.store.create_run(record.clone(), drafts).await? {
             CreateRun::Created => Ok(Admission::Admitted {
                 run: record,
@@ -1115,17 +1285,29 @@ impl<S: Store> Engine<S> {
                 existing: false,
             }),
             CreateRun::Existing(state) => {
-                if state.run.sop_hash == sop_hash && &state.run.agent == actor {
-                    Ok(Admission::Admitted {
-                        run: state.run,
-                        preflight: result,
-                        existing: true,
-                    })
-                } else {
-                    Err(EngineError::RunIdConflict(run_id.to_string()))
-                }
+                existing_admission(*state, actor, sop_hash, result, &run_id)
             }
         }
+    }
+}
+
+/// The admission of a run that already exists under `run_id`: the same run
+/// if the SOP and agent match, a conflict otherwise.
+fn existing_admission(
+    state: warden_store::RunState,
+    actor: &AgentId,
+    sop_hash: Digest,
+    preflight: Preflight,
+    run_id: &RunId,
+) -> Result<Admission, EngineError> {
+    if state.run.sop_hash == sop_hash && &state.run.agent == actor {
+        Ok(Admission::Admitted {
+            run: state.run,
+            preflight,
+            existing: true,
+        })
+    } else {
+        Err(EngineError::RunIdConflict(run_id.to_string()))
     }
 }
 
@@ -1201,13 +1383,18 @@ pub(crate) fn capability_reason_idx(
 }
 
 fn new_run_id() -> Result<RunId, EngineError> {
-    let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes).map_err(|e| EngineError::Invalid {
-        field: "run_id".into(),
-        message: e.to_string(),
-    })?;
-    RunId::parse(&format!("run-{}", hex::encode(bytes))).map_err(|e| EngineError::Invalid {
+    RunId::parse(&random_id("run")?).map_err(|e| EngineError::Invalid {
         field: "run_id".into(),
         message: e.to_string(),
     })
+}
+
+/// `<prefix>-<32 random hex digits>`: a fresh, valid identifier.
+pub(crate) fn random_id(prefix: &str) -> Result<String, EngineError> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| EngineError::Invalid {
+        field: format!("{prefix} id"),
+        message: e.to_string(),
+    })?;
+    Ok(format!("{prefix}-{}", hex::encode(bytes)))
 }

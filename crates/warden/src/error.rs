@@ -5,6 +5,7 @@
 //! carried out (malformed input, unknown run, storage failure).
 
 use warden_core::decision::Decision;
+use warden_core::envelope::EnvelopeError;
 use warden_core::hierarchy::HierarchyError;
 use warden_core::lockdown::LockdownError;
 use warden_core::sop::SopError;
@@ -53,6 +54,32 @@ pub enum EngineError {
         /// What is wrong.
         message: String,
     },
+    /// The request was held for human review; nothing happened yet. The
+    /// decision (verdict `escalate`) was recorded.
+    #[error("escalated for review: {} (escalation `{escalation_id}`)", .decision.reason)]
+    Escalated {
+        /// The decision.
+        decision: Box<Decision>,
+        /// The pending escalation to approve or reject.
+        escalation_id: String,
+    },
+    /// An envelope transition or restore was refused (unknown restriction,
+    /// a stored record the policy cannot read).
+    #[error(transparent)]
+    Envelope(#[from] EnvelopeError),
+    /// The run has no context envelope (the policy has no `context:`
+    /// section, or the run predates it).
+    #[error("run `{0}` has no context envelope")]
+    NoEnvelope(String),
+    /// A stored reference names an envelope the store does not hold.
+    #[error("unknown envelope `{0}`")]
+    UnknownEnvelope(String),
+    /// An envelope kept changing under concurrent writers; nothing changed.
+    #[error("envelope `{0}` kept changing concurrently; retry")]
+    EnvelopeContention(String),
+    /// No such escalation.
+    #[error("unknown escalation `{0}`")]
+    UnknownEscalation(String),
     /// Storage failed.
     #[error(transparent)]
     Store(#[from] StoreError),

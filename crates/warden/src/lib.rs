@@ -16,13 +16,21 @@
 //! Identity is an argument of every call: the server derives it from the
 //! bearer token; an embedding program from its own runtime context. Nothing
 //! in a request body or SOP can change it.
+//!
+//! With a `context:` section in the policy, every run carries a context
+//! envelope that accumulates what its steps produce and gates the next step,
+//! delegated children inherit it, escalated requests wait in a review queue,
+//! and only listed declassifiers can lower it: the semantics are in
+//! [`context`].
 
 mod clock;
+pub mod context;
 mod engine;
 mod error;
 mod runs;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use context::{DeclassifyOutcome, DelegationOptions, ReviewOutcome};
 pub use engine::{
     Admission, AgentView, Caller, DeleteResult, Engine, ReadOutcome, RegisterAgent, ResolvedValue,
     WriteOutcome, WriteRequest, engine_reasons, ops,

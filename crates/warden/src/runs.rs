@@ -16,12 +16,14 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
-use warden_core::decision::{Decision, Subject, Verdict};
+use warden_core::decision::{Decision, Reason, Subject, Verdict};
+use warden_core::envelope::reasons as context_reasons;
 use warden_core::ids::{ActionName, AgentId, Key, Label, Namespace, RunId, StepId};
 use warden_core::preflight::{MEMORY_READ, MEMORY_WRITE, Preflight};
 use warden_core::sop::Sop;
 use warden_store::{RecordStep, RunRecord, RunState, StepOutcome, StepStatus, Store};
 
+use crate::context::Folded;
 use crate::engine::{
     Admission, Engine, WriteRequest, capability_reason, engine_reasons as er, ops,
 };
@@ -120,10 +122,20 @@ pub enum StepGate {
         /// The recorded outcome.
         outcome: StepOutcome,
     },
-    /// Do not run it (deny or escalate); the run is stopped if denied.
+    /// Do not run it (deny); the run is stopped if the step was recorded
+    /// denied.
     Refused {
         /// The decision.
         decision: Decision,
+    },
+    /// Do not run it yet: it is held for human review. Once the escalation
+    /// is approved, the next `begin_step` of this step proceeds (once); if
+    /// it is rejected, the step is recorded denied and the run stops.
+    Escalated {
+        /// The decision (verdict `escalate`).
+        decision: Decision,
+        /// The pending escalation.
+        escalation_id: String,
     },
 }
 
@@ -275,6 +287,9 @@ impl<S: Store> Engine<S> {
             }
             return Ok(StepGate::Refused { decision: d });
         }
+        if let Some(gate) = self.gate_step(actor, &state.run, &step, now).await? {
+            return Ok(gate);
+        }
         let arguments = step_arguments(&state.run, step_id);
         let d = self.decision(
             &caller,
@@ -295,6 +310,12 @@ impl<S: Store> Engine<S> {
 
     /// Record a step's outcome, exactly once. A second report returns the
     /// first outcome unchanged.
+    ///
+    /// With a `context:` policy the step's labels (reported and the
+    /// action's catalogue `output_labels`) are folded into the run's
+    /// envelope first, so the next step is gated by them; an unknown label
+    /// records the step `Failed` (`unknown_label:<label>`) and changes
+    /// nothing else.
     pub async fn complete_step(
         &self,
         actor: &AgentId,
@@ -311,6 +332,10 @@ impl<S: Store> Engine<S> {
                 step: step_id.to_string(),
             });
         };
+        if let Some(first) = state.outcomes.get(step_id) {
+            // Recorded before: nothing to fold again.
+            return Ok(first.clone());
+        }
         let limit = self
             .policy()
             .catalogue
@@ -319,7 +344,7 @@ impl<S: Store> Engine<S> {
         let size = result.result.as_ref().map_or(0, |v| {
             serde_json::to_string(v).map_or(0, |s| s.len() as u64)
         });
-        let (status, error, value) = match (result.error, size > limit) {
+        let (mut status, mut error, mut value) = match (result.error, size > limit) {
             (Some(e), _) => (StepStatus::Failed, Some(e), None),
             (None, true) => (
                 StepStatus::Failed,
@@ -330,15 +355,54 @@ impl<S: Store> Engine<S> {
             ),
             (None, false) => (StepStatus::Completed, None, result.result),
         };
+        let mut labels = result.result_labels;
+        let mut reason = None;
+        let mut context = Value::Null;
+        match self
+            .fold_step(actor, &state.run, step, &labels, now)
+            .await?
+        {
+            None => {}
+            Some(Folded::Unknown(unknown)) => {
+                let first = unknown.first().map_or("", |l| l.as_str());
+                let r = Reason::with_param(context_reasons::UNKNOWN_LABEL.as_str(), first);
+                status = StepStatus::Failed;
+                error = Some(r.to_string());
+                value = None;
+                context = json!({"unknown_labels": unknown});
+                reason = Some(r);
+            }
+            Some(Folded::Done {
+                after,
+                transition,
+                labels: all,
+                bypassed,
+            }) => {
+                labels = all;
+                if bypassed {
+                    status = StepStatus::Denied;
+                    error = Some(er::COMPLETED_WITHOUT_GATE.to_string());
+                    value = None;
+                    reason = Some(er::COMPLETED_WITHOUT_GATE);
+                }
+                context = json!({
+                    "envelope_id": after.envelope_id(),
+                    "envelope_version": after.version(),
+                    "classification": after.aggregate_sensitivity(),
+                    "result_sensitivity": transition.result_sensitivity(),
+                });
+            }
+        }
         let outcome = StepOutcome {
             status,
             result: value,
             error,
-            labels: result.result_labels,
+            labels,
             recorded_at: now,
         };
-        let (verdict, reason) = match status {
-            StepStatus::Completed => (Verdict::Allow, er::STEP_RECORDED),
+        let (verdict, reason) = match (status, reason) {
+            (_, Some(r)) => (Verdict::Deny, r),
+            (StepStatus::Completed, None) => (Verdict::Allow, er::STEP_RECORDED),
             _ => (Verdict::Deny, er::STEP_FAILED),
         };
         let d = self.decision(
@@ -351,7 +415,8 @@ impl<S: Store> Engine<S> {
         );
         let draft = self
             .draft(&d)
-            .with_details(json!({"operation_id": step.operation_id, "status": status}));
+            .with_details(json!({"operation_id": step.operation_id, "status": status}))
+            .with_details(context);
         match self
             .inner
             .store
@@ -420,7 +485,7 @@ impl<S: Store> Engine<S> {
             let gate = self.begin_step(actor, &run.run_id, &step.step_id).await?;
             let (decision, outcome, executed) = match gate {
                 StepGate::Replay { decision, outcome } => (decision, Some(outcome), false),
-                StepGate::Refused { decision } => {
+                StepGate::Refused { decision } | StepGate::Escalated { decision, .. } => {
                     reports.push(StepReport {
                         step_id: step.step_id.clone(),
                         decision,
@@ -591,7 +656,7 @@ impl<S: Store> Engine<S> {
     }
 }
 
-fn step_arguments(run: &RunRecord, step_id: &StepId) -> Map<String, Value> {
+pub(crate) fn step_arguments(run: &RunRecord, step_id: &StepId) -> Map<String, Value> {
     run.sop
         .get("steps")
         .and_then(Value::as_array)

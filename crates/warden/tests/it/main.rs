@@ -3,6 +3,7 @@
 
 mod acceptance;
 mod adversarial;
+mod envelopes;
 mod lockdown;
 mod properties;
 mod support;
