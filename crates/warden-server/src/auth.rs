@@ -8,6 +8,12 @@
 //! effect on the next request), and the stored hash is compared with the
 //! computed one in constant time.
 //!
+//! A token whose agent the engine's cached hierarchy does not know yet
+//! (another server sharing the database registered it moments ago) makes
+//! the engine reload its agents from the store once
+//! (`Engine::refresh_agent`), so an agent can act on any server as soon as
+//! its registration and token are committed.
+//!
 //! The acting agent is always the token's agent. No body field, query
 //! parameter, header or SOP argument can name another subject: an `actor`
 //! or `owner_agent_id` in a payload is data that the engine checks against
@@ -342,7 +348,15 @@ async fn authenticate<S: Store>(parts: &Parts, state: &AppState<S>) -> ApiResult
         TokenSubject::Agent(a) => a,
     };
     let caller = Caller::Agent(agent.clone());
-    let status = state.engine().agent(&agent).map_err(|_| invalid())?.status;
+    // A valid token of an agent this node's cache does not know yet was
+    // issued for an agent another node registered moments ago: look it up
+    // in the store (agents are never deleted, so this happens once per
+    // agent and node) rather than refuse it.
+    let engine = state.engine();
+    if engine.agent(&agent).is_err() && !engine.refresh_agent(&agent).await? {
+        return Err(invalid());
+    }
+    let status = engine.agent(&agent).map_err(|_| invalid())?.status;
     if status == AgentStatus::Revoked {
         return Err(state
             .deny(

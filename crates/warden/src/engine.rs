@@ -180,6 +180,28 @@ pub struct AgentView {
     pub envelope_id: Option<EnvelopeId>,
 }
 
+/// What [`Engine::apply_agents`] changed in the engine's cached hierarchy.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AppliedAgents {
+    /// Agents the cache did not know, now registered (parents first).
+    pub registered: Vec<AgentId>,
+    /// Agents active in the cache before, revoked now (a revoked agent's
+    /// cached descendants are revoked with it).
+    pub revoked: Vec<AgentId>,
+    /// Agents whose declared capabilities changed (their effective sets and
+    /// their descendants' were recomputed).
+    pub capabilities_changed: Vec<AgentId>,
+}
+
+impl AppliedAgents {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.registered.is_empty()
+            && self.revoked.is_empty()
+            && self.capabilities_changed.is_empty()
+    }
+}
+
 /// A resolved value with its provenance.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ResolvedValue {
@@ -635,7 +657,13 @@ impl<S: Store> Engine<S> {
             capabilities: req.capabilities.clone(),
         };
         let index_of = |a: &ActionName| self.inner.policy.action_index(a);
-        let prepared = self.read_state()?.hierarchy.prepare(&spec, &index_of);
+        let mut prepared = self.read_state()?.hierarchy.prepare(&spec, &index_of);
+        if let Err(HierarchyError::UnknownParent { .. }) = prepared {
+            // The parent may have been registered by another node sharing
+            // the store moments ago: look again before refusing.
+            self.reload_agents_locked().await?;
+            prepared = self.read_state()?.hierarchy.prepare(&spec, &index_of);
+        }
         if let Err(e) = prepared {
             let d = deny(hierarchy_reason(&e));
             self.record(&d).await?;
@@ -786,7 +814,11 @@ impl<S: Store> Engine<S> {
     ) -> Result<Vec<AgentId>, EngineError> {
         let _guard = self.inner.registry.lock().await;
         let now = self.now();
-        if self.read_state()?.hierarchy.index_of(id.as_str()).is_none() {
+        if !self.is_cached(id)? {
+            // Registered by another node moments ago?
+            self.reload_agents_locked().await?;
+        }
+        if !self.is_cached(id)? {
             return Err(EngineError::UnknownAgent(id.to_string()));
         }
         if !self.may_manage(caller, id, false)? {
@@ -828,6 +860,169 @@ impl<S: Store> Engine<S> {
     pub fn apply_remote_revocation(&self, id: &AgentId) -> Result<(), EngineError> {
         self.write_state()?.hierarchy.revoke(id.as_str())?;
         Ok(())
+    }
+
+    // ------------------------------------------------------------------
+    // Agents changed by other nodes
+    // ------------------------------------------------------------------
+
+    /// Reconcile the cached hierarchy with agents as stored (changed by
+    /// another node sharing the store), without recording anything: the
+    /// node that made each change recorded its decision.
+    ///
+    /// Agents the cache does not know are registered, parents before
+    /// children (a parent must be cached or among `agents`); a stored
+    /// revocation is applied with its cached descendants (revocation is
+    /// final: an agent revoked in the cache stays revoked); changed
+    /// declared capabilities are replaced and the effective sets below them
+    /// recomputed; configs and inherited envelope ids are kept as stored.
+    /// Agents already cached as stored change nothing, so applying a change
+    /// twice is harmless.
+    ///
+    /// The new hierarchy is built aside and swapped in whole: on an error
+    /// (an agent whose parent is unknown, a hierarchy the policy's limits
+    /// refuse) the cache is unchanged. Serialised with this node's own
+    /// registrations and revocations.
+    pub async fn apply_agents(
+        &self,
+        agents: Vec<StoredAgent>,
+    ) -> Result<AppliedAgents, EngineError> {
+        let _guard = self.inner.registry.lock().await;
+        self.apply_agents_locked(agents)
+    }
+
+    /// Reconcile the cached hierarchy with every stored agent
+    /// ([`Store::load_agents`] then [`Engine::apply_agents`]): what a node
+    /// does after missing changes (a reconnect) and periodically.
+    pub async fn reload_agents(&self) -> Result<AppliedAgents, EngineError> {
+        let _guard = self.inner.registry.lock().await;
+        self.reload_agents_locked().await
+    }
+
+    /// Make sure `id` is cached if it is stored: when the cache does not
+    /// know it (another node registered it moments ago), reload the agents
+    /// from the store. Returns whether the agent is known now. A request
+    /// for an agent this node has not yet heard of thus sees it at once.
+    pub async fn refresh_agent(&self, id: &AgentId) -> Result<bool, EngineError> {
+        if self.is_cached(id)? {
+            return Ok(true);
+        }
+        let _guard = self.inner.registry.lock().await;
+        // Another request may have reloaded while this one waited.
+        if !self.is_cached(id)? {
+            self.reload_agents_locked().await?;
+        }
+        self.is_cached(id)
+    }
+
+    fn is_cached(&self, id: &AgentId) -> Result<bool, EngineError> {
+        Ok(self.read_state()?.hierarchy.index_of(id.as_str()).is_some())
+    }
+
+    async fn reload_agents_locked(&self) -> Result<AppliedAgents, EngineError> {
+        let stored = self.inner.store.load_agents().await?;
+        self.apply_agents_locked(stored)
+    }
+
+    /// [`Engine::apply_agents`] with the registry lock held.
+    fn apply_agents_locked(&self, agents: Vec<StoredAgent>) -> Result<AppliedAgents, EngineError> {
+        let mut applied = AppliedAgents::default();
+        // Classify under the read lock: usually nothing changed.
+        let (specs, revoked, configs, envelopes) = {
+            let state = self.read_state()?;
+            let h = &state.hierarchy;
+            let mut changed: HashMap<&AgentId, &StoredAgent> = HashMap::new();
+            let mut fresh: Vec<&StoredAgent> = Vec::new();
+            for a in &agents {
+                match h.get(a.id.as_str()) {
+                    None => {
+                        if !fresh.iter().any(|f| f.id == a.id) {
+                            applied.registered.push(a.id.clone());
+                            fresh.push(a);
+                        }
+                    }
+                    Some(node) => {
+                        if a.status == AgentStatus::Revoked && node.is_active() {
+                            applied.revoked.push(a.id.clone());
+                        }
+                        if node.declared() != &a.capabilities {
+                            applied.capabilities_changed.push(a.id.clone());
+                        }
+                        changed.insert(&a.id, a);
+                    }
+                }
+            }
+            if applied.is_empty() {
+                // Configs and inherited envelope ids are set once, at
+                // registration: a cached agent already has them.
+                return Ok(applied);
+            }
+            // Every agent, cached order first (then the new ones), with its
+            // declared capabilities as stored and its status: revoked if
+            // the cache or the store says so.
+            let mut specs: Vec<AgentSpec> = Vec::with_capacity(h.len() + fresh.len());
+            let mut revoked: Vec<AgentId> = Vec::new();
+            for (_, node) in h.iter() {
+                let parent = node
+                    .parent()
+                    .and_then(|p| h.node(p))
+                    .map(|p| p.id().clone());
+                let stored = changed.get(node.id());
+                let capabilities =
+                    stored.map_or_else(|| node.declared().clone(), |a| a.capabilities.clone());
+                if !node.is_active() || stored.is_some_and(|a| a.status == AgentStatus::Revoked) {
+                    revoked.push(node.id().clone());
+                }
+                specs.push(AgentSpec {
+                    id: node.id().clone(),
+                    parent,
+                    capabilities,
+                });
+            }
+            for a in &fresh {
+                if a.status == AgentStatus::Revoked {
+                    revoked.push(a.id.clone());
+                }
+                specs.push(a.spec());
+            }
+            let mut configs = state.configs.clone();
+            let mut envelopes = state.envelopes.clone();
+            for a in &agents {
+                configs.insert(a.id.clone(), a.config.clone());
+                if let Some(e) = &a.envelope_id {
+                    envelopes.insert(a.id.clone(), e.clone());
+                }
+            }
+            (specs, revoked, configs, envelopes)
+        };
+        // Rebuild aside: registering everything active first, then revoking,
+        // also places an agent stored under a parent revoked meanwhile.
+        let index_of = |a: &ActionName| self.inner.policy.action_index(a);
+        let mut hierarchy = self.inner.policy.empty_hierarchy();
+        hierarchy.register_all(&specs, &index_of)?;
+        for id in &revoked {
+            hierarchy.revoke(id.as_str())?;
+        }
+        // Descendants revoked with a newly revoked agent count as revoked.
+        {
+            let state = self.read_state()?;
+            applied.revoked = hierarchy
+                .iter()
+                .filter(|(_, n)| !n.is_active())
+                .filter(|(_, n)| {
+                    state
+                        .hierarchy
+                        .get(n.id().as_str())
+                        .is_some_and(|old| old.is_active())
+                })
+                .map(|(_, n)| n.id().clone())
+                .collect();
+        }
+        let mut state = self.write_state()?;
+        state.hierarchy = hierarchy;
+        state.configs = configs;
+        state.envelopes = envelopes;
+        Ok(applied)
     }
 
     // ------------------------------------------------------------------

@@ -32,8 +32,8 @@ mod runs;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use context::{DeclassifyOutcome, DelegationOptions, ReviewOutcome};
 pub use engine::{
-    Admission, AgentView, Caller, DeleteResult, Engine, ReadOutcome, RegisterAgent, ResolvedValue,
-    WriteOutcome, WriteRequest, engine_reasons, ops,
+    Admission, AgentView, AppliedAgents, Caller, DeleteResult, Engine, ReadOutcome, RegisterAgent,
+    ResolvedValue, WriteOutcome, WriteRequest, engine_reasons, ops,
 };
 pub use error::EngineError;
 pub use runs::{

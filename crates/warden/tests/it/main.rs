@@ -5,5 +5,6 @@ mod acceptance;
 mod adversarial;
 mod envelopes;
 mod lockdown;
+mod nodes;
 mod properties;
 mod support;
