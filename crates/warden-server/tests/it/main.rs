@@ -5,6 +5,7 @@
 mod bad_input;
 mod identity;
 mod lifecycle;
+mod lockdown;
 mod quotas;
 mod scenario;
 mod support;
