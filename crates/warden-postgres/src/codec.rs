@@ -9,12 +9,16 @@ use std::collections::BTreeSet;
 use serde_json::Value;
 use tokio_postgres::Row;
 use warden_core::audit::{AuditEntry, Digest};
-use warden_core::decision::Verdict;
+use warden_core::decision::{Obligation, Reason, Subject, Verdict};
+use warden_core::envelope::{EnvelopeId, EnvelopeRecord, Sensitivity};
 use warden_core::hierarchy::AgentStatus;
 use warden_core::ids::{ActionName, AgentId, Key, Label, Namespace, StepId};
 use warden_core::memory::{Combinator, MemoryRecord, RecordClass, Visibility};
 use warden_core::time::Timestamp;
-use warden_store::{StepOutcome, StepStatus, StoreError, StoredAgent, TokenRecord, TokenSubject};
+use warden_store::{
+    EscalationRecord, EscalationStatus, EscalationTarget, StepOutcome, StepStatus, StoreError,
+    StoredAgent, TokenRecord, TokenSubject,
+};
 
 /// The escape character of the reversible NUL encoding (a private-use code
 /// point, so ordinary text is stored unchanged).
@@ -241,7 +245,7 @@ pub(crate) fn record_out(row: &Row) -> Result<MemoryRecord, StoreError> {
 }
 
 /// Decodes a row of these columns, in order:
-/// `id, parent, capabilities, tools, config, status, created_at`.
+/// `id, parent, capabilities, tools, config, status, created_at, envelope_id`.
 pub(crate) fn agent_out(row: &Row) -> Result<StoredAgent, StoreError> {
     let id: &str = row.try_get(0).map_err(crate::error::column)?;
     let parent: Option<&str> = row.try_get(1).map_err(crate::error::column)?;
@@ -250,6 +254,7 @@ pub(crate) fn agent_out(row: &Row) -> Result<StoredAgent, StoreError> {
     let config: Option<&str> = row.try_get(4).map_err(crate::error::column)?;
     let status: &str = row.try_get(5).map_err(crate::error::column)?;
     let created_at: i64 = row.try_get(6).map_err(crate::error::column)?;
+    let envelope: Option<&str> = row.try_get(7).map_err(crate::error::column)?;
     Ok(StoredAgent {
         id: agent_id(id)?,
         parent: parent.map(agent_id).transpose()?,
@@ -261,6 +266,7 @@ pub(crate) fn agent_out(row: &Row) -> Result<StoredAgent, StoreError> {
         config: config.map(json_out).transpose()?,
         status: status_out(status)?,
         created_at: Timestamp(created_at),
+        envelope_id: envelope.map(envelope_id).transpose()?,
     })
 }
 
@@ -363,6 +369,127 @@ pub(crate) fn action(s: &str) -> Result<ActionName, StoreError> {
 
 pub(crate) fn run_id(s: &str) -> Result<warden_core::ids::RunId, StoreError> {
     parse_id!(warden_core::ids::RunId, s, "run id")
+}
+
+pub(crate) fn envelope_id(s: &str) -> Result<EnvelopeId, StoreError> {
+    parse_id!(EnvelopeId, s, "envelope id")
+}
+
+/// An envelope version as stored: the exact JSON serde_json writes.
+pub(crate) fn envelope_in(record: &EnvelopeRecord) -> Result<String, StoreError> {
+    serde_json::to_string(record)
+        .map_err(|e| StoreError::Backend(format!("cannot encode an envelope: {e}")))
+}
+
+/// Decodes a row of `envelope_id, version, record`; the record must be the
+/// version its key columns name.
+pub(crate) fn envelope_out(row: &Row) -> Result<EnvelopeRecord, StoreError> {
+    let id: &str = row.try_get(0).map_err(crate::error::column)?;
+    let version: i64 = row.try_get(1).map_err(crate::error::column)?;
+    let text: &str = row.try_get(2).map_err(crate::error::column)?;
+    let record: EnvelopeRecord = serde_json::from_str(text)
+        .map_err(|e| corrupt(format!("envelope `{id}` version {version} is invalid: {e}")))?;
+    if record.envelope_id.as_str() != id || Ok(record.version) != u64::try_from(version) {
+        return Err(corrupt(format!(
+            "the row of envelope `{id}` version {version} holds another version"
+        )));
+    }
+    Ok(record)
+}
+
+/// An escalation target as its key column: canonical JSON (serde_json
+/// writes fields in declaration order, so equal targets give equal text).
+pub(crate) fn target_in(target: &EscalationTarget) -> Result<String, StoreError> {
+    serde_json::to_string(target)
+        .map_err(|e| StoreError::Backend(format!("cannot encode an escalation target: {e}")))
+}
+
+fn target_out(text: &str) -> Result<EscalationTarget, StoreError> {
+    serde_json::from_str(text).map_err(|e| corrupt(format!("an escalation target is invalid: {e}")))
+}
+
+pub(crate) fn subject_out(s: &str) -> Result<Subject, StoreError> {
+    if s == Subject::OPERATOR {
+        Ok(Subject::Operator)
+    } else {
+        agent_id(s).map(Subject::Agent)
+    }
+}
+
+fn sensitivity_out(s: &str) -> Result<Sensitivity, StoreError> {
+    Sensitivity::ALL
+        .into_iter()
+        .find(|l| l.as_str() == s)
+        .ok_or_else(|| corrupt(format!("unknown sensitivity `{s}`")))
+}
+
+pub(crate) fn escalation_status_out(s: &str) -> Result<EscalationStatus, StoreError> {
+    match s {
+        "pending" => Ok(EscalationStatus::Pending),
+        "approved" => Ok(EscalationStatus::Approved),
+        "rejected" => Ok(EscalationStatus::Rejected),
+        "consumed" => Ok(EscalationStatus::Consumed),
+        other => Err(corrupt(format!("unknown escalation status `{other}`"))),
+    }
+}
+
+/// Obligations as stored: a JSON array.
+pub(crate) fn obligations_in(obligations: &[Obligation]) -> Result<String, StoreError> {
+    serde_json::to_string(obligations)
+        .map_err(|e| StoreError::Backend(format!("cannot encode obligations: {e}")))
+}
+
+/// Decodes a row of these columns, in order:
+/// `escalation_id, target, requested_by, operation, resource, reason,
+/// envelope_id, envelope_version, classification, obligations, status,
+/// created_at, resolved_by, resolved_at, rejection_reason, consumed_at`.
+pub(crate) fn escalation_out(row: &Row) -> Result<EscalationRecord, StoreError> {
+    let col = crate::error::column;
+    let escalation_id: String = row.try_get(0).map_err(col)?;
+    let escalation_id = text_out(escalation_id)?;
+    let at = |e: StoreError| match e {
+        StoreError::Corrupt(m) => StoreError::Corrupt(format!("escalation `{escalation_id}`: {m}")),
+        other => other,
+    };
+    let target: &str = row.try_get(1).map_err(col)?;
+    let requested_by: &str = row.try_get(2).map_err(col)?;
+    let operation: String = row.try_get(3).map_err(col)?;
+    let resource: String = row.try_get(4).map_err(col)?;
+    let reason: String = row.try_get(5).map_err(col)?;
+    let envelope: Option<&str> = row.try_get(6).map_err(col)?;
+    let envelope_version: Option<i64> = row.try_get(7).map_err(col)?;
+    let classification: &str = row.try_get(8).map_err(col)?;
+    let obligations: &str = row.try_get(9).map_err(col)?;
+    let status: &str = row.try_get(10).map_err(col)?;
+    let created_at: i64 = row.try_get(11).map_err(col)?;
+    let resolved_by: Option<&str> = row.try_get(12).map_err(col)?;
+    let resolved_at: Option<i64> = row.try_get(13).map_err(col)?;
+    let rejection_reason: Option<String> = row.try_get(14).map_err(col)?;
+    let consumed_at: Option<i64> = row.try_get(15).map_err(col)?;
+    let obligations: Vec<Obligation> = serde_json::from_str(obligations)
+        .map_err(|e| corrupt(format!("its obligations are invalid: {e}")))
+        .map_err(at)?;
+    Ok(EscalationRecord {
+        target: target_out(target).map_err(at)?,
+        requested_by: subject_out(requested_by).map_err(at)?,
+        operation: text_out(operation).map_err(at)?,
+        resource: text_out(resource).map_err(at)?,
+        reason: Reason::from_string(text_out(reason).map_err(at)?),
+        envelope_id: envelope.map(envelope_id).transpose().map_err(at)?,
+        envelope_version: envelope_version
+            .map(|v| u64_out(v, "envelope version"))
+            .transpose()
+            .map_err(at)?,
+        classification: sensitivity_out(classification).map_err(at)?,
+        obligations,
+        status: escalation_status_out(status).map_err(at)?,
+        created_at: Timestamp(created_at),
+        resolved_by: resolved_by.map(subject_out).transpose().map_err(at)?,
+        resolved_at: resolved_at.map(Timestamp),
+        rejection_reason: rejection_reason.map(text_out).transpose().map_err(at)?,
+        consumed_at: consumed_at.map(Timestamp),
+        escalation_id,
+    })
 }
 
 #[cfg(test)]

@@ -28,6 +28,22 @@
 //!   writes; the others see the revision it wrote. Transactions run at READ
 //!   COMMITTED, which the conditional statements are designed for (they
 //!   re-check their condition against the newest committed row).
+//! - **Envelope versions and escalations are decided the same way.**
+//!   [`put_envelope`](warden_store::Store::put_envelope) is one
+//!   conditional statement on the envelope's head row (`INSERT ... ON
+//!   CONFLICT DO NOTHING` to create, `UPDATE envelope_heads SET version =
+//!   $new WHERE envelope_id = $1 AND version = $expected AND $new >
+//!   $expected` to advance; zero rows is `Conflict { current }`), with the
+//!   version's row inserted into `envelopes` (every version kept, primary
+//!   key `(envelope_id, version)`) in the same transaction: of two servers
+//!   folding from one version, exactly one writes. The `escalations` table
+//!   has a partial unique index on the target for open (pending or
+//!   approved) rows, so there is at most one open escalation per target
+//!   across all servers; resolution is `UPDATE ... WHERE status =
+//!   'pending'` and consumption `UPDATE ... WHERE status = 'approved'`, each
+//!   one statement, so each happens exactly once; a trigger refuses any
+//!   other transition. Every outcome's audit entries (conflicts, "already
+//!   open", "not pending" included) commit in the same transaction.
 //! - **One audit chain, one total order.** The `audit_head` table has one
 //!   row, `(seq, hash)`. Every transaction that appends to the log (and
 //!   every one that records a [`Change`]) locks that row with `SELECT ...
@@ -93,7 +109,10 @@
 //! (primary key `(owner, namespace, key)`), `audit_log` (append-only,
 //! enforced by a trigger), `audit_head`, `runs` and `run_steps` (one row per
 //! step; an outcome is set once with `UPDATE ... WHERE status IS NULL`),
-//! and `changes`. JSON values are stored as the exact text serde_json
+//! `changes`, and (schema version 2) `envelopes` with `envelope_heads`,
+//! `escalations`, and the `envelope_id` columns of `agents` and `runs`.
+//! A version 1 database is migrated in place on connect, its rows kept
+//! (agents and runs made before have no envelope). JSON values are stored as the exact text serde_json
 //! writes, so values, audit details and hashes round-trip exactly.
 //!
 //! ## Limits
@@ -127,6 +146,6 @@ pub use changes::{Change, ChangeEvent, ChangeKind, ChangeStream};
 pub use schema::SCHEMA_VERSION;
 pub use store::{MAX_SCHEMA_LEN, PgOptions, PgStore, is_postgres_url};
 pub use verify::{
-    AnchorParseError, ExportError, HeadAnchor, VERIFY_PAGE, VerifyError, VerifyReport,
-    export_audit, read_audit_head, verify_audit,
+    AnchorParseError, AuditChecker, ExportError, HeadAnchor, VERIFY_PAGE, VerifyError,
+    VerifyReport, export_audit, read_audit_head, verify_audit,
 };

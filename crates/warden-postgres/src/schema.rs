@@ -15,10 +15,17 @@ use warden_store::StoreError;
 use crate::error::DbResult;
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Every migration, in order: `(version it produces, SQL)`.
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("migrations/0001_initial.sql"))];
+///
+/// - 1: agents, tokens, memory, the audit log and its head, runs, changes.
+/// - 2: context envelopes (`envelopes`, `envelope_heads`), the escalation
+///   queue (`escalations`), and `envelope_id` on agents and runs.
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("migrations/0001_initial.sql")),
+    (2, include_str!("migrations/0002_context.sql")),
+];
 
 /// First key of the migration advisory lock ("Ward").
 const LOCK_CLASS: i32 = 0x5761_7264;
@@ -88,7 +95,7 @@ pub(crate) async fn migrate(
             .query_one(
                 "SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = $1 \
                  AND tablename IN ('agents', 'tokens', 'memory', 'audit_log', 'audit_head', \
-                 'runs', 'run_steps', 'changes')",
+                 'runs', 'run_steps', 'changes', 'envelopes', 'envelope_heads', 'escalations')",
                 &[&schema],
             )
             .await

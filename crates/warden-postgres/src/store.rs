@@ -6,13 +6,17 @@ use std::time::Duration;
 
 use tokio_postgres::Config;
 use warden_core::audit::{AuditDraft, AuditEntry, ChainHead, Digest};
+use warden_core::decision::Subject;
+use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::hierarchy::AgentStatus;
 use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
 use warden_core::memory::{MemoryRecord, Put, PutRejection, apply_put, check_result};
 use warden_core::time::Timestamp;
 use warden_store::{
-    AuditFn, CreateRun, Delete, DeleteOutcome, PutOutcome, RecordStep, RunRecord, RunState,
-    RunStep, StepOutcome, Store, StoreError, StoredAgent, TokenRecord, Usage,
+    AuditFn, CreateRun, Delete, DeleteOutcome, EscalationRecord, EscalationResolution,
+    EscalationStatus, EscalationTarget, PutEnvelope, PutEscalation, PutOutcome, RecordStep,
+    ResolveEscalation, RunRecord, RunState, RunStep, StepOutcome, Store, StoreError, StoredAgent,
+    TokenRecord, Usage,
 };
 
 use crate::changes::ChangeKind;
@@ -268,13 +272,13 @@ pub(crate) async fn setup_sql(
 
 /// The SQL statements, prepared once per connection.
 pub(crate) mod sql {
-    pub const LOAD_AGENTS: &str = "SELECT id, parent, capabilities, tools, config, status, created_at \
-         FROM agents ORDER BY ord";
-    pub const AGENTS_BY_ID: &str = "SELECT id, parent, capabilities, tools, config, status, created_at \
-         FROM agents WHERE id = ANY($1) ORDER BY ord";
+    pub const LOAD_AGENTS: &str = "SELECT id, parent, capabilities, tools, config, status, \
+         created_at, envelope_id FROM agents ORDER BY ord";
+    pub const AGENTS_BY_ID: &str = "SELECT id, parent, capabilities, tools, config, status, \
+         created_at, envelope_id FROM agents WHERE id = ANY($1) ORDER BY ord";
     pub const INSERT_AGENT: &str = "INSERT INTO agents \
-         (id, parent, capabilities, tools, config, status, created_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING";
+         (id, parent, capabilities, tools, config, status, created_at, envelope_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING";
     pub const SET_STATUS: &str = "UPDATE agents SET status = $1 WHERE id = ANY($2) RETURNING id";
     pub const SET_CAPABILITIES: &str = "UPDATE agents SET capabilities = $2 WHERE id = $1";
 
@@ -338,14 +342,15 @@ pub(crate) mod sql {
     pub const CHANGE_HEAD: &str = "SELECT coalesce(max(seq), 0) FROM changes";
 
     pub const INSERT_RUN: &str = "INSERT INTO runs \
-         (run_id, agent, sop_hash, sop, policy_version, created_at) \
-         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (run_id) DO NOTHING";
+         (run_id, agent, sop_hash, sop, policy_version, created_at, envelope_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (run_id) DO NOTHING";
     pub const INSERT_STEPS: &str = "INSERT INTO run_steps (run_id, ord, step_id, action, operation_id) \
          SELECT $1::text, s.ord, s.step_id, s.action, s.operation_id \
          FROM unnest($2::int[], $3::text[], $4::text[], $5::text[]) \
            AS s (ord, step_id, action, operation_id)";
     pub const GET_RUN: &str = "SELECT r.agent, r.sop_hash, r.sop, r.policy_version, r.created_at, \
-         s.step_id, s.action, s.operation_id, s.status, s.result, s.error, s.labels, s.recorded_at \
+         s.step_id, s.action, s.operation_id, s.status, s.result, s.error, s.labels, s.recorded_at, \
+         r.envelope_id \
          FROM runs r LEFT JOIN run_steps s ON s.run_id = r.run_id \
          WHERE r.run_id = $1 ORDER BY s.ord";
     pub const RECORD_STEP: &str = "UPDATE run_steps \
@@ -354,6 +359,68 @@ pub(crate) mod sql {
     pub const STEP_OUTCOME: &str = "SELECT status, result, error, labels, recorded_at \
          FROM run_steps WHERE run_id = $1 AND step_id = $2";
     pub const RUN_EXISTS: &str = "SELECT 1 FROM runs WHERE run_id = $1";
+
+    /// Create an envelope: zero rows means it exists.
+    pub const CREATE_ENVELOPE_HEAD: &str = "INSERT INTO envelope_heads (envelope_id, version) \
+         VALUES ($1, $2) ON CONFLICT (envelope_id) DO NOTHING";
+    /// The compare-and-set on the latest version: zero rows means the latest
+    /// is not `$3` (or the envelope is missing), or `$2` is not above it.
+    pub const ADVANCE_ENVELOPE_HEAD: &str = "UPDATE envelope_heads SET version = $2 \
+         WHERE envelope_id = $1 AND version = $3 AND $2 > $3";
+    pub const ENVELOPE_HEAD: &str = "SELECT version FROM envelope_heads WHERE envelope_id = $1";
+    pub const INSERT_ENVELOPE: &str =
+        "INSERT INTO envelopes (envelope_id, version, record) VALUES ($1, $2, $3)";
+    pub const LATEST_ENVELOPE: &str = "SELECT envelope_id, version, record FROM envelopes \
+         WHERE envelope_id = $1 ORDER BY version DESC LIMIT 1";
+    pub const ENVELOPE_VERSION: &str = "SELECT envelope_id, version, record FROM envelopes \
+         WHERE envelope_id = $1 AND version = $2";
+
+    /// The columns `codec::escalation_out` decodes.
+    macro_rules! escalation_cols {
+        () => {
+            "escalation_id, target, requested_by, operation, resource, reason, envelope_id, \
+             envelope_version, classification, obligations, status, created_at, resolved_by, \
+             resolved_at, rejection_reason, consumed_at"
+        };
+    }
+    /// Zero rows: the id exists, or an open escalation holds the target
+    /// (the partial unique index `escalations_one_open_per_target`).
+    pub const INSERT_ESCALATION: &str = concat!(
+        "INSERT INTO escalations (",
+        escalation_cols!(),
+        ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
+         ON CONFLICT DO NOTHING"
+    );
+    pub const ESCALATION_EXISTS: &str = "SELECT 1 FROM escalations WHERE escalation_id = $1";
+    pub const GET_ESCALATION: &str = concat!(
+        "SELECT ",
+        escalation_cols!(),
+        " FROM escalations WHERE escalation_id = $1"
+    );
+    pub const OPEN_ESCALATION: &str = concat!(
+        "SELECT ",
+        escalation_cols!(),
+        " FROM escalations WHERE target = $1 AND status IN ('pending', 'approved')"
+    );
+    pub const LIST_ESCALATIONS: &str = concat!(
+        "SELECT ",
+        escalation_cols!(),
+        " FROM escalations WHERE $1::text IS NULL OR status = $1 ORDER BY ord"
+    );
+    /// Exactly once: only a pending escalation is resolved.
+    pub const RESOLVE_ESCALATION: &str = concat!(
+        "UPDATE escalations SET status = $2, resolved_by = $3, resolved_at = $4, \
+         rejection_reason = $5 WHERE escalation_id = $1 AND status = 'pending' RETURNING ",
+        escalation_cols!()
+    );
+    /// Exactly once: of concurrent callers, the one whose update reaches the
+    /// row first changes it; the others re-check `status` after it commits
+    /// and match nothing.
+    pub const CONSUME_ESCALATION: &str = concat!(
+        "UPDATE escalations SET status = 'consumed', consumed_at = $2 \
+         WHERE target = $1 AND status = 'approved' RETURNING ",
+        escalation_cols!()
+    );
 }
 
 /// The chain head in a row of `seq, hash`.
@@ -621,6 +688,7 @@ impl Store for PgStore {
             .collect();
         let config = agent.config.as_ref().map(json_in).transpose()?;
         let parent = agent.parent.as_ref().map(AgentId::as_str);
+        let envelope = agent.envelope_id.as_ref().map(EnvelopeId::as_str);
         let mut conn = self.inner.pool.get().await?;
         let mut tx = conn.begin().await?;
         let inserted = tx
@@ -634,6 +702,7 @@ impl Store for PgStore {
                     &config,
                     &codec::status_in(agent.status),
                     &agent.created_at.0,
+                    &envelope,
                 ],
             )
             .await?;
@@ -922,6 +991,7 @@ impl Store for PgStore {
             operation_ids.push(text_in(&step.operation_id).into_owned());
         }
         let run_id = run.run_id.as_str();
+        let envelope = run.envelope_id.as_ref().map(EnvelopeId::as_str);
         {
             let mut conn = self.inner.pool.get().await?;
             let mut tx = conn.begin().await?;
@@ -935,6 +1005,7 @@ impl Store for PgStore {
                         &sop,
                         &policy_version,
                         &run.created_at.0,
+                        &envelope,
                     ],
                 )
                 .await?;
@@ -971,6 +1042,7 @@ impl Store for PgStore {
         let sop: &str = first.try_get(2).map_err(col)?;
         let policy_version: String = first.try_get(3).map_err(col)?;
         let created_at: i64 = first.try_get(4).map_err(col)?;
+        let envelope: Option<&str> = first.try_get(13).map_err(col)?;
         let mut steps = Vec::with_capacity(rows.len());
         let mut outcomes = std::collections::BTreeMap::new();
         for row in &rows {
@@ -999,6 +1071,7 @@ impl Store for PgStore {
                 steps,
                 policy_version: codec::text_out(policy_version)?,
                 created_at: Timestamp(created_at),
+                envelope_id: envelope.map(codec::envelope_id).transpose()?,
             },
             outcomes,
         }))
@@ -1050,5 +1123,240 @@ impl Store for PgStore {
                 "step `{run_id}/{step_id}` could not be recorded"
             ))),
         }
+    }
+
+    async fn put_envelope(
+        &self,
+        record: EnvelopeRecord,
+        expected_version: Option<u64>,
+        audit: AuditFn<PutEnvelope>,
+    ) -> Result<PutEnvelope, StoreError> {
+        let id = record.envelope_id.as_str();
+        let version = u64_in(record.version, "envelope version")?;
+        let text = codec::envelope_in(&record)?;
+        let expected = expected_version
+            .map(|v| u64_in(v, "envelope version"))
+            .transpose()?;
+        let mut conn = self.inner.pool.get().await?;
+        let mut tx = conn.begin().await?;
+        // The decision is one conditional statement on the envelope's head
+        // row: a concurrent writer of the same envelope waits for this
+        // transaction and then re-checks its condition against what it
+        // committed (READ COMMITTED), so of two folds from one version
+        // exactly one writes.
+        let won = match expected {
+            None => {
+                tx.execute(sql::CREATE_ENVELOPE_HEAD, &[&id, &version])
+                    .await?
+            }
+            Some(expected) => {
+                tx.execute(sql::ADVANCE_ENVELOPE_HEAD, &[&id, &version, &expected])
+                    .await?
+            }
+        } == 1;
+        let outcome = if won {
+            tx.execute(sql::INSERT_ENVELOPE, &[&id, &version, &text])
+                .await?;
+            PutEnvelope::Written
+        } else {
+            let current = tx
+                .query_opt(sql::ENVELOPE_HEAD, &[&id])
+                .await?
+                .map(|row| {
+                    let v: i64 = row.try_get(0).map_err(crate::error::column)?;
+                    u64_out(v, "envelope version")
+                })
+                .transpose()?;
+            PutEnvelope::Conflict { current }
+        };
+        let drafts = audit(&outcome);
+        tx.finish(drafts, None, &self.inner.channel).await?;
+        Ok(outcome)
+    }
+
+    async fn get_envelope(
+        &self,
+        envelope_id: EnvelopeId,
+        version: Option<u64>,
+    ) -> Result<Option<EnvelopeRecord>, StoreError> {
+        let id = envelope_id.as_str();
+        let rows = match version {
+            None => {
+                self.read(sql::LATEST_ENVELOPE, &[&id], codec::envelope_out)
+                    .await?
+            }
+            Some(v) => {
+                let Ok(v) = i64::try_from(v) else {
+                    return Ok(None);
+                };
+                self.read(sql::ENVELOPE_VERSION, &[&id, &v], codec::envelope_out)
+                    .await?
+            }
+        };
+        Ok(rows.into_iter().next())
+    }
+
+    async fn put_escalation(
+        &self,
+        escalation: EscalationRecord,
+        audit: AuditFn<PutEscalation>,
+    ) -> Result<PutEscalation, StoreError> {
+        let e = &escalation;
+        let escalation_id = text_in(&e.escalation_id).into_owned();
+        let target = codec::target_in(&e.target)?;
+        let requested_by = e.requested_by.to_string();
+        let operation = text_in(&e.operation).into_owned();
+        let resource = text_in(&e.resource).into_owned();
+        let reason = text_in(e.reason.as_str()).into_owned();
+        let envelope = e.envelope_id.as_ref().map(EnvelopeId::as_str);
+        let envelope_version = e
+            .envelope_version
+            .map(|v| u64_in(v, "envelope version"))
+            .transpose()?;
+        let classification = e.classification.as_str();
+        let obligations = codec::obligations_in(&e.obligations)?;
+        let status = e.status.as_str();
+        let resolved_by = e.resolved_by.as_ref().map(Subject::to_string);
+        let resolved_at = e.resolved_at.map(|t| t.0);
+        let rejection_reason = e
+            .rejection_reason
+            .as_deref()
+            .map(|r| text_in(r).into_owned());
+        let consumed_at = e.consumed_at.map(|t| t.0);
+        let mut conn = self.inner.pool.get().await?;
+        for _ in 0..PUT_ATTEMPTS {
+            let mut tx = conn.begin().await?;
+            let inserted = tx
+                .execute(
+                    sql::INSERT_ESCALATION,
+                    &[
+                        &escalation_id,
+                        &target,
+                        &requested_by,
+                        &operation,
+                        &resource,
+                        &reason,
+                        &envelope,
+                        &envelope_version,
+                        &classification,
+                        &obligations,
+                        &status,
+                        &e.created_at.0,
+                        &resolved_by,
+                        &resolved_at,
+                        &rejection_reason,
+                        &consumed_at,
+                    ],
+                )
+                .await?;
+            let outcome = if inserted == 1 {
+                PutEscalation::Created
+            } else if tx
+                .query_opt(sql::ESCALATION_EXISTS, &[&escalation_id])
+                .await?
+                .is_some()
+            {
+                return Err(StoreError::Duplicate(escalation.escalation_id));
+            } else {
+                match tx.query_opt(sql::OPEN_ESCALATION, &[&target]).await? {
+                    Some(row) => PutEscalation::Existing(Box::new(codec::escalation_out(&row)?)),
+                    // The open escalation that blocked the insert was
+                    // consumed or rejected since: decide again.
+                    None => {
+                        drop(tx);
+                        continue;
+                    }
+                }
+            };
+            let drafts = audit(&outcome);
+            tx.finish(drafts, None, &self.inner.channel).await?;
+            return Ok(outcome);
+        }
+        Err(StoreError::Backend(format!(
+            "the escalation `{}` lost {PUT_ATTEMPTS} races with concurrent writers",
+            escalation.escalation_id
+        )))
+    }
+
+    async fn get_escalation(
+        &self,
+        escalation_id: String,
+    ) -> Result<Option<EscalationRecord>, StoreError> {
+        let id = text_in(&escalation_id).into_owned();
+        Ok(self
+            .read(sql::GET_ESCALATION, &[&id], codec::escalation_out)
+            .await?
+            .into_iter()
+            .next())
+    }
+
+    async fn list_escalations(
+        &self,
+        status: Option<EscalationStatus>,
+    ) -> Result<Vec<EscalationRecord>, StoreError> {
+        let status = status.map(EscalationStatus::as_str);
+        self.read(sql::LIST_ESCALATIONS, &[&status], codec::escalation_out)
+            .await
+    }
+
+    async fn resolve_escalation(
+        &self,
+        escalation_id: String,
+        resolution: EscalationResolution,
+        by: Subject,
+        at: Timestamp,
+        audit: AuditFn<ResolveEscalation>,
+    ) -> Result<ResolveEscalation, StoreError> {
+        let id = text_in(&escalation_id).into_owned();
+        let (status, rejection_reason) = match &resolution {
+            EscalationResolution::Approve => (EscalationStatus::Approved, None),
+            EscalationResolution::Reject { reason } => (
+                EscalationStatus::Rejected,
+                Some(text_in(reason).into_owned()),
+            ),
+        };
+        let by = by.to_string();
+        let mut conn = self.inner.pool.get().await?;
+        let mut tx = conn.begin().await?;
+        // Exactly once: a concurrent resolver's update waits for this one
+        // and then finds the escalation no longer pending.
+        let resolved = tx
+            .query_opt(
+                sql::RESOLVE_ESCALATION,
+                &[&id, &status.as_str(), &by, &at.0, &rejection_reason],
+            )
+            .await?;
+        let outcome = match resolved {
+            Some(row) => ResolveEscalation::Resolved(Box::new(codec::escalation_out(&row)?)),
+            None => match tx.query_opt(sql::GET_ESCALATION, &[&id]).await? {
+                Some(row) => ResolveEscalation::NotPending(Box::new(codec::escalation_out(&row)?)),
+                None => ResolveEscalation::NotFound,
+            },
+        };
+        let drafts = audit(&outcome);
+        tx.finish(drafts, None, &self.inner.channel).await?;
+        Ok(outcome)
+    }
+
+    async fn consume_escalation(
+        &self,
+        target: EscalationTarget,
+        at: Timestamp,
+        audit: AuditFn<Option<EscalationRecord>>,
+    ) -> Result<Option<EscalationRecord>, StoreError> {
+        let target = codec::target_in(&target)?;
+        let mut conn = self.inner.pool.get().await?;
+        let mut tx = conn.begin().await?;
+        // At most one approved escalation per target (the partial unique
+        // index), and one conditional update: two concurrent consumers
+        // never both get it.
+        let outcome = tx
+            .query_opt(sql::CONSUME_ESCALATION, &[&target, &at.0])
+            .await?
+            .map(|row| codec::escalation_out(&row))
+            .transpose()?;
+        let drafts = audit(&outcome);
+        tx.finish(drafts, None, &self.inner.channel).await?;
+        Ok(outcome)
     }
 }

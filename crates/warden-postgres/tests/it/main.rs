@@ -14,16 +14,14 @@ mod agents;
 mod audit;
 mod changes;
 mod concurrency;
+mod context;
 mod crash;
 mod memory;
 mod migrations;
 mod runs;
 
-// conformance: the shared suite (`warden_store::conformance`, merged into
-// main with the SQLite backend) runs here with this one line once main is
-// merged into this branch; run locally against main's suite, all 25 checks
-// pass (`conformance::run_all` with `ScratchStore::fresh`):
-//
-// mod conformance {
-//     warden_store::conformance_tests!(optional: || async { crate::support::ScratchStore::fresh().await });
-// }
+/// The shared storage suite (`warden_store::conformance`), one test per
+/// check, each on a fresh schema; skipped without the database URL.
+mod conformance {
+    warden_store::conformance_tests!(optional: || async { crate::support::ScratchStore::fresh().await });
+}

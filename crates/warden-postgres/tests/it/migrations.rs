@@ -8,6 +8,9 @@ use warden_store::{Store, StoreError};
 
 use crate::support::*;
 
+/// Tables of a current schema: version 1's nine and version 2's three.
+const TABLES: i64 = 12;
+
 async fn count_tables(sql: &tokio_postgres::Client, schema: &str) -> i64 {
     sql.query_one(
         "SELECT count(*) FROM pg_tables WHERE schemaname = $1",
@@ -43,7 +46,7 @@ async fn four_concurrent_starts_migrate_once() {
         .map(|r| r.get(0))
         .collect();
     assert_eq!(versions, [SCHEMA_VERSION]);
-    assert_eq!(count_tables(&sql, &scratch.schema).await, 9);
+    assert_eq!(count_tables(&sql, &scratch.schema).await, TABLES);
     // Every instance works on the same data.
     for (i, store) in stores.iter().enumerate() {
         store
@@ -156,7 +159,7 @@ async fn connect_uses_the_current_schema() {
     let store = PgStore::connect(&url).await.unwrap();
     assert_eq!(store.schema(), scratch.schema);
     store.append_audit(vec![numbered(1)]).await.unwrap();
-    assert_eq!(count_tables(&sql, &scratch.schema).await, 9);
+    assert_eq!(count_tables(&sql, &scratch.schema).await, TABLES);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -182,4 +185,136 @@ async fn only_postgres_urls_and_plain_schema_names_are_accepted() {
             .unwrap_err();
         assert!(matches!(err, StoreError::Backend(_)), "{bad}: {err:?}");
     }
+}
+
+/// The version 1 schema, exactly as a version 1 build created it.
+const V1_SQL: &str = include_str!("../../src/migrations/0001_initial.sql");
+
+/// A database written by a version 1 build (agents, tokens, a memory
+/// record, a run with a recorded step, a change and a chained audit entry)
+/// migrates to the current version on connect, with every row intact;
+/// several servers starting on it at once migrate it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_version_1_database_migrates_with_data_intact() {
+    use warden_core::audit::Digest;
+    use warden_core::ids::{RunId, StepId};
+    use warden_store::{RecordStep, StepOutcome, StepStatus};
+
+    let scratch = scratch_or_skip!();
+    let raw = raw_client(&scratch.url).await;
+    raw.batch_execute(&format!("CREATE SCHEMA \"{}\"", scratch.schema))
+        .await
+        .unwrap();
+    let sql = scratch.client().await;
+    sql.batch_execute(V1_SQL).await.unwrap();
+    let entry = numbered(1).seal(1, Digest::GENESIS);
+    sql.batch_execute(
+        "INSERT INTO warden_meta (schema_version) VALUES (1);
+         INSERT INTO agents (id, parent, capabilities, tools, config, status, created_at)
+           VALUES ('root', NULL, '{memory.read,memory.write}', '{search}', '{\"m\":1}', 'active', 10),
+                  ('child', 'root', '{memory.read}', '{}', NULL, 'revoked', 11);
+         INSERT INTO tokens (token_id, hash, subject_kind, subject_agent, created_at)
+           VALUES ('tok-1', decode(repeat('ab', 32), 'hex'), 'agent', 'root', 12);
+         INSERT INTO memory (owner, namespace, key, value, visibility, class, revision,
+                             created_at, updated_at)
+           VALUES ('root', 'project', 'region', '\"eu\"', 'descendants', 'preference', 3, 1, 2);
+         INSERT INTO runs (run_id, agent, sop_hash, sop, policy_version, created_at)
+           VALUES ('run-old', 'root', decode(repeat('cd', 32), 'hex'), '{}', 'v1', 20);
+         INSERT INTO run_steps (run_id, ord, step_id, action, operation_id)
+           VALUES ('run-old', 0, 's1', 'memory.read', 'run-old:s1'),
+                  ('run-old', 1, 's2', 'memory.read', 'run-old:s2');
+         INSERT INTO changes (seq, kind, ids) VALUES (1, 'agent_inserted', '{root}');",
+    )
+    .await
+    .unwrap();
+    let (prev, hash): (Vec<u8>, Vec<u8>) = (entry.prev_hash.0.to_vec(), entry.hash.0.to_vec());
+    sql.execute(
+        "INSERT INTO audit_log VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        &[
+            &1i64,
+            &entry.draft.time.0,
+            &entry.draft.subject,
+            &entry.draft.operation,
+            &entry.draft.resource,
+            &entry.draft.verdict.as_str(),
+            &entry.draft.reason,
+            &entry.draft.policy_version,
+            &entry.draft.details.to_string(),
+            &prev,
+            &hash,
+        ],
+    )
+    .await
+    .unwrap();
+    sql.execute("UPDATE audit_head SET seq = 1, hash = $1", &[&hash])
+        .await
+        .unwrap();
+
+    // Three servers start at once on the version 1 database.
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let (url, schema) = (scratch.url.clone(), scratch.schema.clone());
+        tasks.push(tokio::spawn(async move {
+            PgStore::connect_in_schema(&url, &schema).await
+        }));
+    }
+    let mut stores = Vec::new();
+    for t in tasks {
+        stores.push(t.await.unwrap().unwrap());
+    }
+    let versions: Vec<i64> = sql
+        .query("SELECT schema_version FROM warden_meta", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(versions, [SCHEMA_VERSION]);
+    assert_eq!(count_tables(&sql, &scratch.schema).await, TABLES);
+
+    let store = &stores[0];
+    let agents = store.load_agents().await.unwrap();
+    assert_eq!(agents.len(), 2);
+    assert_eq!(agents[0].id, id("root"));
+    assert_eq!(agents[0].config, Some(json!({"m": 1})));
+    assert_eq!(agents[1].parent, Some(id("root")));
+    assert_eq!(
+        agents[1].status,
+        warden_core::hierarchy::AgentStatus::Revoked
+    );
+    assert!(agents.iter().all(|a| a.envelope_id.is_none()));
+    let token = store.find_token(Digest([0xab; 32])).await.unwrap().unwrap();
+    assert_eq!(token.token_id, "tok-1");
+    let record = get_one(store, "root", "project", "region").await.unwrap();
+    assert_eq!((record.value, record.revision), (json!("eu"), 3));
+    let run_id = RunId::parse("run-old").unwrap();
+    let run = store.get_run(run_id.clone()).await.unwrap().unwrap();
+    assert_eq!(run.run.steps.len(), 2);
+    assert_eq!(run.run.envelope_id, None);
+    assert_eq!(store.changes_since(0, 10).await.unwrap().len(), 1);
+    let report = store.verify_audit(None).await.unwrap();
+    assert_eq!(report.verified.seq, 1);
+    assert_eq!(report.verified.hash, entry.hash);
+
+    // The migrated database keeps working, old rows and new features alike.
+    let o = store
+        .record_step(
+            run_id,
+            StepId::parse("s1").unwrap(),
+            StepOutcome {
+                status: StepStatus::Completed,
+                result: Some(json!(1)),
+                error: None,
+                labels: Vec::new(),
+                recorded_at: Timestamp(30),
+            },
+            vec![numbered(2)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(o, RecordStep::Recorded);
+    warden_store::conformance_context::run_all(&stores[2])
+        .await
+        .unwrap();
+    assert_chain(&stores[1]).await;
 }

@@ -43,6 +43,9 @@ fn sample_run(name: &str, sop_hash: Digest) -> RunRecord {
             .collect(),
         policy_version: "pg-1".to_string(),
         created_at: Timestamp(77),
+        envelope_id: Some(
+            warden_core::envelope::EnvelopeId::parse(&format!("env-{name}")).unwrap(),
+        ),
     }
 }
 

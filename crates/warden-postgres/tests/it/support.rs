@@ -8,13 +8,18 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 use warden_core::audit::{AuditDraft, AuditEntry, ChainHead, ChainVerifier, Digest};
-use warden_core::decision::Verdict;
+use warden_core::decision::{Subject, Verdict};
+use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::hierarchy::AgentStatus;
 use warden_core::ids::{ActionName, AgentId, Key, Namespace};
 use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 use warden_postgres::{PgOptions, PgStore};
-use warden_store::{AuditFn, DeleteOutcome, PutOutcome, Store, StoredAgent};
+use warden_store::{
+    AuditFn, DeleteOutcome, EscalationRecord, EscalationResolution, EscalationStatus,
+    EscalationTarget, PutEnvelope, PutEscalation, PutOutcome, ResolveEscalation, Store, StoreError,
+    StoredAgent,
+};
 
 /// The variable CI sets to a PostgreSQL URL.
 pub const ENV: &str = "WARDEN_TEST_DATABASE_URL";
@@ -207,13 +212,11 @@ impl Drop for Scratch {
 /// suite's factory returns (each check takes a fresh store by value and the
 /// schema goes with it).
 #[derive(Debug)]
-#[allow(dead_code, reason = "used by the conformance suite once it is enabled")]
 pub struct ScratchStore {
     pub store: PgStore,
     _scratch: Arc<Scratch>,
 }
 
-#[allow(dead_code, reason = "used by the conformance suite once it is enabled")]
 impl ScratchStore {
     /// A fresh store in its own schema, `None` without a database URL.
     pub async fn fresh() -> Option<Self> {
@@ -344,6 +347,62 @@ impl Store for ScratchStore {
             .record_step(run_id, step_id, outcome, audit)
             .await
     }
+    async fn put_envelope(
+        &self,
+        record: EnvelopeRecord,
+        expected_version: Option<u64>,
+        audit: AuditFn<PutEnvelope>,
+    ) -> Result<PutEnvelope, StoreError> {
+        self.store
+            .put_envelope(record, expected_version, audit)
+            .await
+    }
+    async fn get_envelope(
+        &self,
+        envelope_id: EnvelopeId,
+        version: Option<u64>,
+    ) -> Result<Option<EnvelopeRecord>, StoreError> {
+        self.store.get_envelope(envelope_id, version).await
+    }
+    async fn put_escalation(
+        &self,
+        escalation: EscalationRecord,
+        audit: AuditFn<PutEscalation>,
+    ) -> Result<PutEscalation, StoreError> {
+        self.store.put_escalation(escalation, audit).await
+    }
+    async fn get_escalation(
+        &self,
+        escalation_id: String,
+    ) -> Result<Option<EscalationRecord>, StoreError> {
+        self.store.get_escalation(escalation_id).await
+    }
+    async fn list_escalations(
+        &self,
+        status: Option<EscalationStatus>,
+    ) -> Result<Vec<EscalationRecord>, StoreError> {
+        self.store.list_escalations(status).await
+    }
+    async fn resolve_escalation(
+        &self,
+        escalation_id: String,
+        resolution: EscalationResolution,
+        by: Subject,
+        at: Timestamp,
+        audit: AuditFn<ResolveEscalation>,
+    ) -> Result<ResolveEscalation, StoreError> {
+        self.store
+            .resolve_escalation(escalation_id, resolution, by, at, audit)
+            .await
+    }
+    async fn consume_escalation(
+        &self,
+        target: EscalationTarget,
+        at: Timestamp,
+        audit: AuditFn<Option<EscalationRecord>>,
+    ) -> Result<Option<EscalationRecord>, StoreError> {
+        self.store.consume_escalation(target, at, audit).await
+    }
 }
 
 // ----- domain helpers -----
@@ -411,6 +470,8 @@ pub fn agent(name: &str, parent: Option<&str>) -> StoredAgent {
         config: Some(json!({"model": "small", "temperature": 0.5})),
         status: AgentStatus::Active,
         created_at: Timestamp(10),
+        // Children carry the envelope they inherited.
+        envelope_id: parent.map(|p| EnvelopeId::parse(&format!("env-of-{p}")).unwrap()),
     }
 }
 
