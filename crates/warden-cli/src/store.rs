@@ -8,13 +8,17 @@ use std::collections::BTreeSet;
 
 use anyhow::bail;
 use warden_core::audit::{AuditDraft, AuditEntry, ChainHead, Digest};
+use warden_core::decision::Subject;
+use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::hierarchy::AgentStatus;
 use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
 use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 use warden_store::{
-    AuditFn, CreateRun, Delete, DeleteOutcome, MemoryStore, PutOutcome, RecordStep, RunRecord,
-    RunState, StepOutcome, Store, StoreError, StoredAgent, TokenRecord, Usage,
+    AuditFn, CreateRun, Delete, DeleteOutcome, EscalationRecord, EscalationResolution,
+    EscalationStatus, EscalationTarget, MemoryStore, PutEnvelope, PutEscalation, PutOutcome,
+    RecordStep, ResolveEscalation, RunRecord, RunState, StepOutcome, Store, StoreError,
+    StoredAgent, TokenRecord, Usage,
 };
 
 /// Every backend this binary can use.
@@ -170,5 +174,64 @@ impl Store for AnyStore {
         audit: Vec<AuditDraft>,
     ) -> Result<RecordStep, StoreError> {
         delegate!(self, s => s.record_step(run_id, step_id, outcome, audit).await)
+    }
+
+    async fn put_envelope(
+        &self,
+        record: EnvelopeRecord,
+        expected_version: Option<u64>,
+        audit: AuditFn<PutEnvelope>,
+    ) -> Result<PutEnvelope, StoreError> {
+        delegate!(self, s => s.put_envelope(record, expected_version, audit).await)
+    }
+
+    async fn get_envelope(
+        &self,
+        envelope_id: EnvelopeId,
+        version: Option<u64>,
+    ) -> Result<Option<EnvelopeRecord>, StoreError> {
+        delegate!(self, s => s.get_envelope(envelope_id, version).await)
+    }
+
+    async fn put_escalation(
+        &self,
+        escalation: EscalationRecord,
+        audit: AuditFn<PutEscalation>,
+    ) -> Result<PutEscalation, StoreError> {
+        delegate!(self, s => s.put_escalation(escalation, audit).await)
+    }
+
+    async fn get_escalation(
+        &self,
+        escalation_id: String,
+    ) -> Result<Option<EscalationRecord>, StoreError> {
+        delegate!(self, s => s.get_escalation(escalation_id).await)
+    }
+
+    async fn list_escalations(
+        &self,
+        status: Option<EscalationStatus>,
+    ) -> Result<Vec<EscalationRecord>, StoreError> {
+        delegate!(self, s => s.list_escalations(status).await)
+    }
+
+    async fn resolve_escalation(
+        &self,
+        escalation_id: String,
+        resolution: EscalationResolution,
+        by: Subject,
+        at: Timestamp,
+        audit: AuditFn<ResolveEscalation>,
+    ) -> Result<ResolveEscalation, StoreError> {
+        delegate!(self, s => s.resolve_escalation(escalation_id, resolution, by, at, audit).await)
+    }
+
+    async fn consume_escalation(
+        &self,
+        target: EscalationTarget,
+        at: Timestamp,
+        audit: AuditFn<Option<EscalationRecord>>,
+    ) -> Result<Option<EscalationRecord>, StoreError> {
+        delegate!(self, s => s.consume_escalation(target, at, audit).await)
     }
 }

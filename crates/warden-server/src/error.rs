@@ -229,6 +229,32 @@ impl From<EngineError> for ApiError {
                 "run_id_conflict",
                 format!("run `{id}` already exists with a different sop"),
             ),
+            EngineError::Escalated {
+                decision,
+                escalation_id,
+            } => ApiError::forbidden(
+                "escalated",
+                format!(
+                    "awaits human review (escalation `{escalation_id}`): {}",
+                    decision.reason
+                ),
+            )
+            .with_details(
+                json!({"reason": decision.reason.as_str(), "escalation_id": escalation_id}),
+            ),
+            EngineError::Envelope(env) => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                env.reason().kind().to_owned(),
+                env.to_string(),
+            ),
+            EngineError::NoEnvelope(_)
+            | EngineError::UnknownEnvelope(_)
+            | EngineError::UnknownEscalation(_) => ApiError::not_found(),
+            EngineError::EnvelopeContention(id) => ApiError::new(
+                StatusCode::CONFLICT,
+                "envelope_contention",
+                format!("envelope `{id}` kept changing concurrently; retry"),
+            ),
             EngineError::Store(s) => s.into(),
             other @ (EngineError::MissingHandlers(_)
             | EngineError::Invalid { .. }

@@ -48,6 +48,7 @@ mod middleware;
 pub mod openapi;
 pub mod quota;
 mod routes;
+pub mod signing;
 mod state;
 pub mod wire;
 
@@ -60,6 +61,7 @@ pub use auth::{OperatorTokenError, OperatorTokenSource, ensure_operator_token};
 pub use error::ApiError;
 pub use metered::Metered;
 pub use routes::{ROUTES, router};
+pub use signing::{EnvelopeKeyConfig, EnvelopeKeySource, EnvelopeSigner};
 pub use state::{AppState, Limits, ServerConfig};
 
 /// Serve the API on `listener` until `shutdown` completes; then stop

@@ -6,13 +6,17 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use warden_core::audit::{AuditDraft, AuditEntry, ChainHead, Digest};
+use warden_core::decision::Subject;
+use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::hierarchy::AgentStatus;
 use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
 use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 use warden_store::{
-    AuditFn, CreateRun, Delete, DeleteOutcome, PutOutcome, RecordStep, RunRecord, RunState,
-    StepOutcome, Store, StoreError, StoredAgent, TokenRecord, Usage,
+    AuditFn, CreateRun, Delete, DeleteOutcome, EscalationRecord, EscalationResolution,
+    EscalationStatus, EscalationTarget, PutEnvelope, PutEscalation, PutOutcome, RecordStep,
+    ResolveEscalation, RunRecord, RunState, StepOutcome, Store, StoreError, StoredAgent,
+    TokenRecord, Usage,
 };
 
 use crate::metrics::Metrics;
@@ -196,5 +200,72 @@ impl<S: Store> Store for Metered<S> {
             self.metrics.observe_drafts(&audit);
         }
         r
+    }
+
+    async fn put_envelope(
+        &self,
+        record: EnvelopeRecord,
+        expected_version: Option<u64>,
+        audit: AuditFn<PutEnvelope>,
+    ) -> Result<PutEnvelope, StoreError> {
+        self.inner
+            .put_envelope(record, expected_version, self.counted(audit))
+            .await
+    }
+
+    async fn get_envelope(
+        &self,
+        envelope_id: EnvelopeId,
+        version: Option<u64>,
+    ) -> Result<Option<EnvelopeRecord>, StoreError> {
+        self.inner.get_envelope(envelope_id, version).await
+    }
+
+    async fn put_escalation(
+        &self,
+        escalation: EscalationRecord,
+        audit: AuditFn<PutEscalation>,
+    ) -> Result<PutEscalation, StoreError> {
+        self.inner
+            .put_escalation(escalation, self.counted(audit))
+            .await
+    }
+
+    async fn get_escalation(
+        &self,
+        escalation_id: String,
+    ) -> Result<Option<EscalationRecord>, StoreError> {
+        self.inner.get_escalation(escalation_id).await
+    }
+
+    async fn list_escalations(
+        &self,
+        status: Option<EscalationStatus>,
+    ) -> Result<Vec<EscalationRecord>, StoreError> {
+        self.inner.list_escalations(status).await
+    }
+
+    async fn resolve_escalation(
+        &self,
+        escalation_id: String,
+        resolution: EscalationResolution,
+        by: Subject,
+        at: Timestamp,
+        audit: AuditFn<ResolveEscalation>,
+    ) -> Result<ResolveEscalation, StoreError> {
+        self.inner
+            .resolve_escalation(escalation_id, resolution, by, at, self.counted(audit))
+            .await
+    }
+
+    async fn consume_escalation(
+        &self,
+        target: EscalationTarget,
+        at: Timestamp,
+        audit: AuditFn<Option<EscalationRecord>>,
+    ) -> Result<Option<EscalationRecord>, StoreError> {
+        self.inner
+            .consume_escalation(target, at, self.counted(audit))
+            .await
     }
 }

@@ -25,7 +25,9 @@ struct Op {
     summary: &'static str,
     who: Who,
     request: Option<Value>,
-    query: &'static [(&'static str, &'static str)],
+    /// Query parameters: name, description, and the allowed values of a
+    /// string parameter (`None`: a non-negative integer).
+    query: &'static [(&'static str, &'static str, Option<&'static [&'static str]>)],
     success: (u16, Value),
     /// Another success status with the same body (200 vs 201).
     also: Option<u16>,
@@ -154,7 +156,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             summary: "Delete one of the caller's own records",
             who: Who::Agent,
             request: None,
-            query: &[("expected_revision", "delete only at this revision")],
+            query: &[("expected_revision", "delete only at this revision", None)],
             success: (200, schema::<MemoryDeletedResponse>(g)),
             also: None,
             errors: &[400, 401, 403, 404, 409, 429],
@@ -209,14 +211,129 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
         },
         Op {
             method: "get",
+            path: "/v1/runs/{run}/envelope",
+            id: "getRunEnvelope",
+            summary: "A run's context envelope: labels, derived labels, sensitivity, restrictions, version, delegation depth, parent (never data)",
+            who: Who::Either,
+            request: None,
+            query: &[],
+            success: (200, schema::<EnvelopeResponse>(g)),
+            also: None,
+            errors: &[400, 401, 403, 404, 429],
+        },
+        Op {
+            method: "get",
+            path: "/v1/runs/{run}/envelope/signed",
+            id: "exportRunEnvelope",
+            summary: "The run's envelope signed with the server's Ed25519 key (verify with GET /v1/envelope-key)",
+            who: Who::Either,
+            request: None,
+            query: &[],
+            success: (
+                200,
+                schema::<warden_core::envelope::sign::SignedEnvelope>(g),
+            ),
+            also: None,
+            errors: &[400, 401, 403, 404, 429],
+        },
+        Op {
+            method: "get",
+            path: "/v1/runs/{run}/receipt",
+            id: "runEnvelopeReceipt",
+            summary: "An opaque receipt for the run's envelope (reference, sensitivity tier, resolvable_until)",
+            who: Who::Either,
+            request: None,
+            query: &[],
+            success: (200, schema::<ReceiptResponse>(g)),
+            also: None,
+            errors: &[400, 401, 403, 404, 429],
+        },
+        Op {
+            method: "post",
+            path: "/v1/runs/{run}/declassify",
+            id: "declassifyRun",
+            summary: "Lower a run's envelope (the bundle's declassifiers only; 403 declassification_not_authorized, recorded)",
+            who: Who::Agent,
+            request: Some(schema::<DeclassifyRequest>(g)),
+            query: &[],
+            success: (200, schema::<DeclassifyResponse>(g)),
+            also: None,
+            errors: &[400, 401, 403, 404, 409, 413, 415, 422, 429],
+        },
+        Op {
+            method: "get",
+            path: "/v1/envelope-key",
+            id: "envelopeKey",
+            summary: "The issuer id and Ed25519 public key that verify exported envelopes",
+            who: Who::Anyone,
+            request: None,
+            query: &[],
+            success: (200, schema::<EnvelopeKeyResponse>(g)),
+            also: None,
+            errors: &[],
+        },
+        Op {
+            method: "get",
+            path: "/v1/escalations",
+            id: "listEscalations",
+            summary: "The escalation queue, oldest first",
+            who: Who::Operator,
+            request: None,
+            query: &[(
+                "status",
+                "only escalations with this status",
+                Some(&["pending", "approved", "rejected", "consumed"]),
+            )],
+            success: (200, schema::<EscalationListResponse>(g)),
+            also: None,
+            errors: &[400, 401, 403],
+        },
+        Op {
+            method: "get",
+            path: "/v1/escalations/{id}",
+            id: "getEscalation",
+            summary: "One escalation",
+            who: Who::Operator,
+            request: None,
+            query: &[],
+            success: (200, schema::<EscalationBody>(g)),
+            also: None,
+            errors: &[400, 401, 403, 404],
+        },
+        Op {
+            method: "post",
+            path: "/v1/escalations/{id}/approve",
+            id: "approveEscalation",
+            summary: "Approve an escalation (operator, or an ancestor of the requester): the held request proceeds once",
+            who: Who::Either,
+            request: None,
+            query: &[],
+            success: (200, schema::<ReviewResponse>(g)),
+            also: None,
+            errors: &[400, 401, 403, 404, 409, 429],
+        },
+        Op {
+            method: "post",
+            path: "/v1/escalations/{id}/reject",
+            id: "rejectEscalation",
+            summary: "Reject an escalation (operator, or an ancestor of the requester): the held request is denied",
+            who: Who::Either,
+            request: Some(schema::<RejectEscalationRequest>(g)),
+            query: &[],
+            success: (200, schema::<ReviewResponse>(g)),
+            also: None,
+            errors: &[400, 401, 403, 404, 409, 413, 415, 422, 429],
+        },
+        Op {
+            method: "get",
             path: "/v1/audit",
             id: "auditPage",
             summary: "Page through the decision log",
             who: Who::Operator,
             request: None,
             query: &[
-                ("after", "entries after this sequence number"),
-                ("limit", "page size"),
+                ("after", "entries after this sequence number", None),
+                ("limit", "page size", None),
             ],
             success: (200, schema::<AuditPageResponse>(g)),
             also: None,
@@ -293,7 +410,9 @@ fn describe_status(code: u16) -> &'static str {
         401 => "missing_token, invalid_token, token_revoked",
         403 => "denied; the decision is in the audit log",
         404 => "not_found (missing and not visible answer alike)",
-        409 => "conflict (revision_conflict, duplicate_agent, run_id_conflict, ...)",
+        409 => {
+            "conflict (revision_conflict, duplicate_agent, run_id_conflict, escalation_not_pending, ...)"
+        }
         413 => "body_too_large, value_too_large",
         415 => "unsupported_media_type",
         422 => "invalid for the route (unknown_field, wrong_type, invalid_sop, ...)",
@@ -339,10 +458,14 @@ pub fn document() -> Value {
             );
         }
         let mut parameters = path_params(op.path);
-        for (name, desc) in op.query {
+        for (name, desc, values) in op.query {
+            let schema = match values {
+                None => json!({"type": "integer", "format": "int64", "minimum": 0}),
+                Some(values) => json!({"type": "string", "enum": values}),
+            };
             parameters.push(json!({
                 "name": name, "in": "query", "required": false, "description": desc,
-                "schema": {"type": "integer", "format": "int64", "minimum": 0}
+                "schema": schema
             }));
         }
         let who = match op.who {

@@ -10,6 +10,7 @@ use warden_store::Store;
 use crate::metered::Metered;
 use crate::metrics::Metrics;
 use crate::quota::Quotas;
+use crate::signing::{EnvelopeKeyConfig, EnvelopeSigner};
 
 /// Limits on what one request may carry.
 #[derive(Debug, Clone)]
@@ -57,15 +58,25 @@ pub struct ServerConfig {
     /// How long an admitted, unfinished run counts against
     /// `max_runs_in_flight` (an abandoned run stops counting after this).
     pub run_ttl: Duration,
+    /// Where the envelope signing key comes from (see [`crate::signing`]).
+    pub envelope_key: EnvelopeKeyConfig,
+    /// How long after issuance a receipt's reference is promised resolvable
+    /// (`resolvable_until`). Envelope versions are kept in the store, so the
+    /// reference stays resolvable as long as the issuer's key does.
+    pub receipt_ttl: Duration,
 }
 
 impl Default for ServerConfig {
-    /// Default limits, 30 s request timeout, runs count for an hour.
+    /// Default limits, 30 s request timeout, runs count for an hour, the
+    /// signing key from `WARDEN_ENVELOPE_SIGNING_KEY` (else random per
+    /// process), receipts resolvable for 30 days.
     fn default() -> Self {
         Self {
             limits: Limits::default(),
             request_timeout: Duration::from_secs(30),
             run_ttl: Duration::from_secs(3600),
+            envelope_key: EnvelopeKeyConfig::Auto,
+            receipt_ttl: Duration::from_secs(30 * 24 * 3600),
         }
     }
 }
@@ -76,6 +87,7 @@ pub(crate) struct Shared<S> {
     pub(crate) quotas: Quotas,
     pub(crate) config: ServerConfig,
     pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) signer: EnvelopeSigner,
 }
 
 /// Everything a request handler needs; cheap to clone.
@@ -101,13 +113,20 @@ impl<S> std::fmt::Debug for AppState<S> {
 
 impl<S: Store> AppState<S> {
     /// Open the engine over `store` (seeding the bundle on a new store) and
-    /// set up metrics and quotas.
+    /// set up metrics, quotas and the envelope signing key (a malformed
+    /// `WARDEN_ENVELOPE_SIGNING_KEY` is an [`EngineError::Invalid`] naming
+    /// it).
     pub async fn open(
         policy: Policy,
         store: S,
         clock: Arc<dyn Clock>,
         config: ServerConfig,
     ) -> Result<Self, EngineError> {
+        let signer =
+            EnvelopeSigner::new(&config.envelope_key).map_err(|e| EngineError::Invalid {
+                field: crate::signing::ENVELOPE_SIGNING_KEY_ENV.to_owned(),
+                message: e.to_string(),
+            })?;
         let metrics = Arc::new(Metrics::new());
         let store = Metered::new(store, Arc::clone(&metrics));
         let engine = Engine::open(policy, store, Arc::clone(&clock)).await?;
@@ -118,6 +137,7 @@ impl<S: Store> AppState<S> {
                 quotas: Quotas::default(),
                 config,
                 clock,
+                signer,
             }),
         })
     }
@@ -153,6 +173,11 @@ impl<S: Store> AppState<S> {
             .max_json_depth
             .max(sop_depth)
             .min(crate::body::MAX_SUPPORTED_DEPTH)
+    }
+
+    /// The key that signs exported envelopes and names receipts' issuer.
+    pub fn signer(&self) -> &EnvelopeSigner {
+        &self.shared.signer
     }
 
     pub(crate) fn now_ms(&self) -> i64 {

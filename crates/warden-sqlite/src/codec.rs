@@ -9,7 +9,9 @@ use rusqlite::types::FromSql;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use warden_core::audit::{AuditDraft, AuditEntry, Digest, EntryRef};
+use warden_core::canonical::to_canonical;
 use warden_core::decision::Verdict;
+use warden_core::envelope::EnvelopeId;
 use warden_core::hierarchy::AgentStatus;
 use warden_core::ids::{AgentId, Key, Namespace, RunId, StepId};
 use warden_core::memory::{Combinator, MemoryRecord, RecordClass, Visibility};
@@ -28,6 +30,26 @@ pub(crate) fn seq_to_sql(n: u64) -> Result<i64, StoreError> {
 /// A revision, count or sequence number read back.
 pub(crate) fn to_u64(what: impl Display, n: i64) -> Result<u64, StoreError> {
     u64::try_from(n).map_err(|_| corrupt(what, format!("negative number {n}")))
+}
+
+/// Canonical JSON text of a value (sorted keys, no insignificant
+/// whitespace): the form records and lookup keys are stored in, so equal
+/// values are equal text.
+pub(crate) fn canonical_text<T: serde::Serialize + ?Sized>(v: &T) -> Result<String, StoreError> {
+    let value = serde_json::to_value(v)
+        .map_err(|e| StoreError::Backend(format!("cannot encode json: {e}")))?;
+    String::from_utf8(to_canonical(&value))
+        .map_err(|e| StoreError::Backend(format!("canonical json is not utf-8: {e}")))
+}
+
+/// An optional envelope id column.
+pub(crate) fn envelope_id_col(
+    row: &Row<'_>,
+    i: usize,
+    what: &impl Display,
+) -> Result<Option<EnvelopeId>, StoreError> {
+    let raw: Option<String> = col(row, i, what)?;
+    raw.map(|e| ident(EnvelopeId::parse, &e, what)).transpose()
 }
 
 /// JSON text of a value.
@@ -61,7 +83,7 @@ fn ident<T>(
 
 /// Columns [`agent_from_row`] reads, in order.
 pub(crate) const AGENT_COLUMNS: &str =
-    "id, parent, capabilities, tools, config, status, created_at";
+    "id, parent, capabilities, tools, config, status, created_at, envelope_id";
 
 pub(crate) fn status_to_sql(s: AgentStatus) -> &'static str {
     match s {
@@ -78,6 +100,7 @@ pub(crate) fn agent_from_row(row: &Row<'_>) -> Result<StoredAgent, StoreError> {
     let tools: String = col(row, 3, &what)?;
     let config: Option<String> = col(row, 4, &what)?;
     let status: String = col(row, 5, &what)?;
+    let envelope_id = envelope_id_col(row, 7, &what)?;
     Ok(StoredAgent {
         id: ident(AgentId::parse, &id, &what)?,
         parent: parent
@@ -92,6 +115,7 @@ pub(crate) fn agent_from_row(row: &Row<'_>) -> Result<StoredAgent, StoreError> {
             other => return Err(corrupt(what, format!("unknown status `{other}`"))),
         },
         created_at: Timestamp(col(row, 6, &what)?),
+        envelope_id,
     })
 }
 

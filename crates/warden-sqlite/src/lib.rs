@@ -20,7 +20,7 @@
 //! `StoreError::SchemaTooNew`; a file or directory that cannot be written is
 //! `StoreError::ReadOnly`. In each case the file is left exactly as it was.
 //!
-//! ## Schema (version 1)
+//! ## Schema (version 2)
 //!
 //! All tables are `STRICT` (SQLite checks every column's type); JSON is
 //! stored as text.
@@ -28,13 +28,20 @@
 //! | table | holds |
 //! | --- | --- |
 //! | `meta` | one row: `schema_version` |
-//! | `agents` | `id` (unique), `parent`, `capabilities`, `tools`, `config`, `status`, `created_at`; registration order is the `pos` key |
+//! | `agents` | `id` (unique), `parent`, `capabilities`, `tools`, `config`, `status`, `created_at`, `envelope_id` (v2); registration order is the `pos` key |
 //! | `tokens` | `token_id`, `hash` (SHA-256 of the secret, unique; the secret itself is never stored), subject, `created_at`, `revoked` |
 //! | `memory` | key `(owner, namespace, key)`; `value`, `visibility`, `class` with `combine` / `grants` / `expires_at`, `revision`, `created_at`, `updated_at` |
 //! | `audit` | the hash chain, below |
 //! | `audit_head` | one row: the chain's last `seq` and `hash` |
-//! | `runs` | `run_id` (the idempotency key), `agent`, `sop_hash`, `sop`, `policy_version`, `created_at` |
+//! | `runs` | `run_id` (the idempotency key), `agent`, `sop_hash`, `sop`, `policy_version`, `created_at`, `envelope_id` (v2) |
 //! | `run_steps` | per run and step: `position`, `action`, `operation_id`, and once recorded `status`, `result`, `error`, `labels`, `recorded_at` |
+//! | `envelopes` (v2) | every version of every context envelope: key `(envelope_id, version)`, `record` (the `EnvelopeRecord` as canonical JSON), plus `parent_envelope_id`, `workflow_id`, `agent_id` |
+//! | `escalations` (v2) | the escalation queue in creation order (`pos`): `escalation_id` (unique), `target` (canonical JSON), `status`, `created_at`, `record` (the `EscalationRecord` as canonical JSON) |
+//!
+//! Version 2 (context envelopes) adds the two `envelope_id` columns (`NULL`
+//! for rows written at version 1, read as "no envelope") and the last two
+//! tables; a version 1 file is migrated in place when first opened for
+//! writing, its rows untouched.
 //!
 //! ## Writing: one writer thread, group commit
 //!
@@ -141,6 +148,23 @@
 //! NULL`: the first outcome wins and a retry gets it back without appending
 //! anything.
 //!
+//! ## Context envelopes and escalations
+//!
+//! `put_envelope` is a compare-and-set on an envelope's latest version, as
+//! one guarded statement (`INSERT ... SELECT ... WHERE (SELECT
+//! max(version) ...) IS :expected AND :version > :expected`) in the
+//! writer's transaction with the audit entries its `AuditFn` returns; a
+//! conflict stores nothing and reports the latest version. Versions are
+//! never updated or deleted (triggers refuse it): receipts refer to
+//! `(envelope_id, version)`.
+//!
+//! An escalation moves `pending` → `approved` | `rejected` and `approved` →
+//! `consumed`, each by a conditional `UPDATE ... WHERE status = :from` in
+//! the writer's transaction with its audit entries, so it resolves once and
+//! an approval is consumed once however many callers race. A partial
+//! unique index keeps at most one open (pending or approved) escalation per
+//! target, and a trigger refuses any other status change through SQL.
+//!
 //! ## Entry points for the CLI
 //!
 //! - `warden audit verify --database URL [--expect-head SEQ:HASH]`:
@@ -157,7 +181,10 @@
 
 mod audit;
 mod codec;
+mod context;
 mod error;
+#[cfg(test)]
+mod migration_tests;
 mod options;
 mod schema;
 mod store;

@@ -17,7 +17,7 @@ use crate::error::SqlResultExt;
 use crate::options::{OpenMode, SqliteOptions};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// `PRAGMA application_id` of a Warden database: ASCII `WRDN`. It marks the
 /// file as Warden's before any table is read (`file(1)` shows it too).
@@ -28,7 +28,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
 /// Each runs in the transaction that records its version; append only.
-const MIGRATIONS: &[&str] = &[V1];
+const MIGRATIONS: &[&str] = &[V1, V2];
 
 const V1: &str = r#"
 CREATE TABLE meta (
@@ -140,6 +140,60 @@ CREATE TABLE run_steps (
     PRIMARY KEY (run_id, step_id),
     UNIQUE (run_id, position)
 ) STRICT, WITHOUT ROWID;
+"#;
+
+/// Context envelopes and the escalation queue.
+const V2: &str = r#"
+-- The context envelope an agent inherited / a run started from.
+ALTER TABLE agents ADD COLUMN envelope_id TEXT;
+ALTER TABLE runs ADD COLUMN envelope_id TEXT;
+
+-- Every version of every context envelope: receipts refer to
+-- (envelope_id, version), so versions are never changed or removed. The
+-- record is the EnvelopeRecord's canonical JSON; the other columns repeat
+-- parts of it for lookups.
+CREATE TABLE envelopes (
+    envelope_id        TEXT NOT NULL,
+    version            INTEGER NOT NULL CHECK (version >= 0),
+    parent_envelope_id TEXT,
+    workflow_id        TEXT NOT NULL,
+    agent_id           TEXT NOT NULL,
+    record             TEXT NOT NULL, -- canonical JSON
+    PRIMARY KEY (envelope_id, version)
+) STRICT, WITHOUT ROWID;
+CREATE TRIGGER envelopes_no_update BEFORE UPDATE ON envelopes
+BEGIN SELECT RAISE(ABORT, 'envelope versions are immutable'); END;
+CREATE TRIGGER envelopes_no_delete BEFORE DELETE ON envelopes
+BEGIN SELECT RAISE(ABORT, 'envelope versions are immutable'); END;
+
+-- Requests held for human review, in creation order (pos). `target` is the
+-- canonical JSON of the EscalationTarget, `record` that of the whole
+-- EscalationRecord (its status always equals the `status` column).
+CREATE TABLE escalations (
+    pos           INTEGER PRIMARY KEY,
+    escalation_id TEXT NOT NULL UNIQUE,
+    target        TEXT NOT NULL,
+    status        TEXT NOT NULL
+                  CHECK (status IN ('pending', 'approved', 'rejected', 'consumed')),
+    created_at    INTEGER NOT NULL,
+    record        TEXT NOT NULL -- canonical JSON
+) STRICT;
+-- At most one open (pending or approved) escalation per target.
+CREATE UNIQUE INDEX escalations_one_open ON escalations (target)
+WHERE status IN ('pending', 'approved');
+CREATE INDEX escalations_by_status ON escalations (status, pos);
+-- An escalation only moves pending -> approved | rejected, approved ->
+-- consumed, and never changes what it is about.
+CREATE TRIGGER escalations_forward BEFORE UPDATE ON escalations
+WHEN NOT ((OLD.status = 'pending' AND NEW.status IN ('approved', 'rejected'))
+       OR (OLD.status = 'approved' AND NEW.status = 'consumed'))
+  OR NEW.pos IS NOT OLD.pos
+  OR NEW.escalation_id IS NOT OLD.escalation_id
+  OR NEW.target IS NOT OLD.target
+  OR NEW.created_at IS NOT OLD.created_at
+BEGIN SELECT RAISE(ABORT, 'an escalation resolves once and is consumed once'); END;
+CREATE TRIGGER escalations_no_delete BEFORE DELETE ON escalations
+BEGIN SELECT RAISE(ABORT, 'escalations are kept'); END;
 "#;
 
 /// What a file holds, found by reading only.
@@ -306,14 +360,15 @@ pub(crate) fn open_writer(options: &SqliteOptions) -> Result<Option<Connection>,
     conn.pragma_update(None, "temp_store", "MEMORY").store()?;
     conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)
         .store()?;
-    migrate(&mut conn, path)?;
+    migrate(&mut conn, path, SCHEMA_VERSION)?;
     Ok(Some(conn))
 }
 
-/// Apply every migration past the file's version, each in its own
-/// transaction with its version bump. Safe against a concurrent opener: the
-/// version is re-read under the write lock.
-fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+/// Apply every migration past the file's version up to `target` (always
+/// [`SCHEMA_VERSION`] outside tests), each in its own transaction with its
+/// version bump. Safe against a concurrent opener: the version is re-read
+/// under the write lock.
+pub(crate) fn migrate(conn: &mut Connection, path: &Path, target: i64) -> Result<(), StoreError> {
     loop {
         let tx = conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
@@ -328,7 +383,7 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
                 supported: SCHEMA_VERSION,
             });
         }
-        if current == SCHEMA_VERSION {
+        if current >= target {
             return Ok(());
         }
         let next = current + 1;

@@ -6,17 +6,21 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OptionalExtension, params};
 use warden_core::audit::{AuditDraft, AuditEntry, ChainHead};
+use warden_core::decision::Subject;
+use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::hierarchy::AgentStatus;
 use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
 use warden_core::memory::{MemoryRecord, Put, PutRejection, apply_put, check_result};
 use warden_core::time::Timestamp;
 use warden_store::{
-    AuditFn, CreateRun, Delete, DeleteOutcome, HeadAnchor, PutOutcome, RecordStep, RunRecord,
-    RunState, StepOutcome, Store, StoreError, StoredAgent, TokenRecord, Usage, VerifyError,
-    VerifyReport,
+    AuditFn, CreateRun, Delete, DeleteOutcome, EscalationRecord, EscalationResolution,
+    EscalationStatus, EscalationTarget, HeadAnchor, PutEnvelope, PutEscalation, PutOutcome,
+    RecordStep, ResolveEscalation, RunRecord, RunState, StepOutcome, Store, StoreError,
+    StoredAgent, TokenRecord, Usage, VerifyError, VerifyReport,
 };
 
 use crate::codec::{self, seq_to_sql};
+use crate::context;
 use crate::error::{SqlResultExt, is_unique_violation};
 use crate::options::SqliteOptions;
 use crate::schema;
@@ -373,7 +377,8 @@ fn load_run(conn: &Connection, run_id: &RunId) -> Result<Option<RunState>, Store
     let what = format!("run `{run_id}`");
     let mut stmt = conn
         .prepare_cached(
-            "SELECT agent, sop_hash, sop, policy_version, created_at FROM runs WHERE run_id = ?1",
+            "SELECT agent, sop_hash, sop, policy_version, created_at, envelope_id \
+             FROM runs WHERE run_id = ?1",
         )
         .store()?;
     let mut rows = stmt.query([run_id.as_str()]).store()?;
@@ -390,6 +395,7 @@ fn load_run(conn: &Connection, run_id: &RunId) -> Result<Option<RunState>, Store
         steps: Vec::new(),
         policy_version: codec::column(row, 3, &what)?,
         created_at: Timestamp(codec::column(row, 4, &what)?),
+        envelope_id: codec::envelope_id_col(row, 5, &what)?,
     };
     drop(rows);
     let mut outcomes = BTreeMap::new();
@@ -418,8 +424,8 @@ fn create_run_in(
     let conn = tx.conn();
     let inserted = conn
         .prepare_cached(
-            "INSERT INTO runs (run_id, agent, sop_hash, sop, policy_version, created_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (run_id) DO NOTHING",
+            "INSERT INTO runs (run_id, agent, sop_hash, sop, policy_version, created_at, \
+             envelope_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (run_id) DO NOTHING",
         )
         .store()?
         .execute(params![
@@ -429,6 +435,7 @@ fn create_run_in(
             codec::json_text(&run.sop)?,
             run.policy_version,
             run.created_at.0,
+            run.envelope_id.as_ref().map(|e| e.as_str()),
         ])
         .store()?;
     if inserted == 0 {
@@ -567,8 +574,8 @@ impl Store for SqliteStore {
             let config = agent.config.as_ref().map(codec::json_text).transpose()?;
             tx.conn()
                 .prepare_cached(
-                    "INSERT INTO agents (id, parent, capabilities, tools, config, status, created_at) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    "INSERT INTO agents (id, parent, capabilities, tools, config, status, \
+                     created_at, envelope_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                 )
                 .store()?
                 .execute(params![
@@ -579,6 +586,7 @@ impl Store for SqliteStore {
                     config,
                     codec::status_to_sql(agent.status),
                     agent.created_at.0,
+                    agent.envelope_id.as_ref().map(|e| e.as_str()),
                 ])
                 .map_err(|e| map_duplicate(e, agent.id.as_str()))?;
             tx.append(audit)?;
@@ -827,5 +835,86 @@ impl Store for SqliteStore {
     ) -> Result<RecordStep, StoreError> {
         self.write(move |tx| record_step_in(tx, run_id, step_id, outcome, audit))
             .await
+    }
+
+    async fn put_envelope(
+        &self,
+        record: EnvelopeRecord,
+        expected_version: Option<u64>,
+        audit: AuditFn<PutEnvelope>,
+    ) -> Result<PutEnvelope, StoreError> {
+        self.write(move |tx| {
+            let outcome = context::put_envelope_in(tx.conn(), &record, expected_version)?;
+            tx.append(audit(&outcome))?;
+            Ok(outcome)
+        })
+        .await
+    }
+
+    async fn get_envelope(
+        &self,
+        envelope_id: EnvelopeId,
+        version: Option<u64>,
+    ) -> Result<Option<EnvelopeRecord>, StoreError> {
+        self.read_now(move |conn| context::get_envelope_in(conn, &envelope_id, version))
+    }
+
+    async fn put_escalation(
+        &self,
+        escalation: EscalationRecord,
+        audit: AuditFn<PutEscalation>,
+    ) -> Result<PutEscalation, StoreError> {
+        self.write(move |tx| {
+            let outcome = context::put_escalation_in(tx.conn(), &escalation)?;
+            tx.append(audit(&outcome))?;
+            Ok(outcome)
+        })
+        .await
+    }
+
+    async fn get_escalation(
+        &self,
+        escalation_id: String,
+    ) -> Result<Option<EscalationRecord>, StoreError> {
+        self.read_now(move |conn| context::get_escalation_in(conn, &escalation_id))
+    }
+
+    async fn list_escalations(
+        &self,
+        status: Option<EscalationStatus>,
+    ) -> Result<Vec<EscalationRecord>, StoreError> {
+        self.read(move |conn| context::list_escalations_in(conn, status))
+            .await
+    }
+
+    async fn resolve_escalation(
+        &self,
+        escalation_id: String,
+        resolution: EscalationResolution,
+        by: Subject,
+        at: Timestamp,
+        audit: AuditFn<ResolveEscalation>,
+    ) -> Result<ResolveEscalation, StoreError> {
+        self.write(move |tx| {
+            let outcome =
+                context::resolve_escalation_in(tx.conn(), &escalation_id, resolution, by, at)?;
+            tx.append(audit(&outcome))?;
+            Ok(outcome)
+        })
+        .await
+    }
+
+    async fn consume_escalation(
+        &self,
+        target: EscalationTarget,
+        at: Timestamp,
+        audit: AuditFn<Option<EscalationRecord>>,
+    ) -> Result<Option<EscalationRecord>, StoreError> {
+        self.write(move |tx| {
+            let outcome = context::consume_escalation_in(tx.conn(), &target, at)?;
+            tx.append(audit(&outcome))?;
+            Ok(outcome)
+        })
+        .await
     }
 }

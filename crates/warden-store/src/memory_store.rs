@@ -28,7 +28,7 @@ struct Inner {
     agent_index: HashMap<AgentId, usize>,
     tokens: Vec<TokenRecord>,
     records: HashMap<RecordKey, MemoryRecord>,
-    audit: Vec<AuditEntry>,
+    audit: AuditLog,
     runs: HashMap<RunId, RunState>,
     /// Every version of every envelope, ascending.
     envelopes: HashMap<EnvelopeId, Vec<EnvelopeRecord>>,
@@ -67,6 +67,62 @@ impl Inner {
     }
 }
 
+/// The audit log in fixed-size chunks, so appending never copies the
+/// entries already stored (a single `Vec` would move the whole log, under the
+/// store's lock, each time it grows).
+#[derive(Debug, Default)]
+struct AuditLog {
+    chunks: Vec<Vec<AuditEntry>>,
+    len: usize,
+}
+
+/// Entries per chunk.
+const AUDIT_CHUNK: usize = 65_536;
+
+impl AuditLog {
+    fn push(&mut self, entry: AuditEntry) {
+        match self.chunks.last_mut() {
+            Some(c) if c.len() < AUDIT_CHUNK => c.push(entry),
+            _ => {
+                let mut c = Vec::with_capacity(AUDIT_CHUNK);
+                c.push(entry);
+                self.chunks.push(c);
+            }
+        }
+        self.len += 1;
+    }
+
+    fn last(&self) -> Option<&AuditEntry> {
+        self.chunks.last().and_then(|c| c.last())
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Index of the first entry with `seq > after` (entries are in seq order).
+    fn partition_point(&self, after: u64) -> usize {
+        let mut before = 0;
+        for c in &self.chunks {
+            match c.last() {
+                Some(last) if last.seq <= after => before += c.len(),
+                _ => return before + c.partition_point(|e| e.seq <= after),
+            }
+        }
+        before
+    }
+
+    fn iter_from(&self, index: usize) -> impl Iterator<Item = &AuditEntry> {
+        let chunk = index / AUDIT_CHUNK;
+        let offset = index % AUDIT_CHUNK;
+        self.chunks
+            .iter()
+            .skip(chunk)
+            .enumerate()
+            .flat_map(move |(i, c)| c.iter().skip(if i == 0 { offset } else { 0 }))
+    }
+}
+
 /// A [`Store`] that keeps everything in process memory.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
@@ -88,7 +144,15 @@ impl MemoryStore {
     /// Direct access to the stored audit entries, for tests that tamper
     /// with them.
     pub fn with_audit_mut<R>(&self, f: impl FnOnce(&mut Vec<AuditEntry>) -> R) -> Option<R> {
-        self.inner.lock().ok().map(|mut g| f(&mut g.audit))
+        self.inner.lock().ok().map(|mut g| {
+            let mut flat: Vec<AuditEntry> = g.audit.iter_from(0).cloned().collect();
+            let r = f(&mut flat);
+            g.audit = AuditLog::default();
+            for e in flat {
+                g.audit.push(e);
+            }
+            r
+        })
     }
 }
 
@@ -285,8 +349,8 @@ impl Store for MemoryStore {
 
     async fn audit_page(&self, after: u64, limit: usize) -> Result<Vec<AuditEntry>, StoreError> {
         let g = self.lock()?;
-        let start = g.audit.partition_point(|e| e.seq <= after);
-        Ok(g.audit.iter().skip(start).take(limit).cloned().collect())
+        let start = g.audit.partition_point(after);
+        Ok(g.audit.iter_from(start).take(limit).cloned().collect())
     }
 
     async fn audit_head(&self) -> Result<ChainHead, StoreError> {
@@ -508,5 +572,54 @@ mod tests {
         crate::conformance_context::run_all(&MemoryStore::new())
             .await
             .unwrap();
+    }
+}
+
+#[cfg(test)]
+mod audit_log_tests {
+    use super::*;
+    use warden_core::audit::ChainVerifier;
+    use warden_core::decision::Verdict;
+
+    fn draft(i: usize) -> AuditDraft {
+        AuditDraft {
+            time: Timestamp(i as i64),
+            subject: "a".into(),
+            operation: "op".into(),
+            resource: "r".into(),
+            verdict: Verdict::Allow,
+            reason: "ok".into(),
+            policy_version: "1".into(),
+            details: serde_json::Value::Null,
+        }
+    }
+
+    #[tokio::test]
+    async fn audit_pages_across_chunk_boundaries() {
+        let store = MemoryStore::new();
+        let n = AUDIT_CHUNK + 100;
+        store
+            .append_audit((0..n).map(draft).collect())
+            .await
+            .unwrap();
+        let head = store.audit_head().await.unwrap();
+        assert_eq!(head.count, n as u64);
+        let page = store.audit_page(AUDIT_CHUNK as u64 - 5, 10).await.unwrap();
+        let seqs: Vec<u64> = page.iter().map(|e| e.seq).collect();
+        let first = AUDIT_CHUNK as u64 - 4;
+        assert_eq!(seqs, (first..first + 10).collect::<Vec<_>>());
+        let mut v = ChainVerifier::new();
+        let mut after = 0;
+        loop {
+            let page = store.audit_page(after, 7_000).await.unwrap();
+            for e in &page {
+                v.push(e).unwrap();
+            }
+            match page.last() {
+                Some(last) => after = last.seq,
+                None => break,
+            }
+        }
+        assert_eq!(v.finish(), head);
     }
 }

@@ -5,10 +5,11 @@ use std::collections::BTreeSet;
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde_json::{Value, json};
-use warden::{Caller, EngineError, RegisterAgent};
+use warden::{Caller, DelegationOptions, EngineError, RegisterAgent};
 use warden_core::decision::Verdict;
+use warden_core::envelope::ContextPolicy;
 use warden_core::hierarchy::AgentStatus;
-use warden_core::ids::{ActionName, AgentId, check_identifier};
+use warden_core::ids::{ActionName, AgentId, Label, check_identifier};
 use warden_store::{Store, TokenSubject};
 
 use super::PathParams;
@@ -17,8 +18,8 @@ use crate::body::JsonBody;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 use crate::wire::{
-    AgentCreatedResponse, AgentResponse, DelegateRequest, RegisterAgentRequest, Reply,
-    RevokedResponse, TokenIssuedResponse, TokenRevokedResponse,
+    AgentCreatedResponse, AgentResponse, DecisionBody, DelegateRequest, RegisterAgentRequest,
+    Reply, RevokedResponse, TokenIssuedResponse, TokenRevokedResponse,
 };
 
 /// Operation recorded when an agent view is read.
@@ -119,20 +120,99 @@ pub(crate) async fn register<S: Store>(
     created(&st, view, &Caller::Operator).await
 }
 
-/// `POST /v1/agents/self/children` (agent): delegation.
+/// Checks of a delegation's context options that need no state: every
+/// declared restriction is one the policy knows (a policy without a
+/// `context:` section knows none), within the policy's limit.
+fn check_delegation_options<S: Store>(st: &AppState<S>, restrictions: &[Label]) -> ApiResult<()> {
+    if restrictions.len() > ContextPolicy::MAX_RESTRICTIONS {
+        return Err(limit_exceeded(
+            "restrictions",
+            ContextPolicy::MAX_RESTRICTIONS,
+        ));
+    }
+    let known = |r: &Label| {
+        st.engine()
+            .context_policy()
+            .is_some_and(|p| p.restrictions().any(|k| k == r))
+    };
+    if let Some((i, unknown)) = restrictions.iter().enumerate().find(|(_, r)| !known(r)) {
+        return Err(ApiError::invalid(
+            "unknown_restriction",
+            format!("restriction `{unknown}` is not declared in the policy's `context:` section"),
+        )
+        .with_details(json!({"field": format!("restrictions[{i}]")})));
+    }
+    Ok(())
+}
+
+/// The answer for a delegation the context envelope refuses or holds: 403
+/// `delegation_denied` with the decision, or 403 `delegation_escalated` with
+/// the decision and the escalation to review. Both were recorded and
+/// created nothing. Other errors keep their usual mapping.
+fn delegation_error(e: EngineError) -> ApiError {
+    match e {
+        EngineError::Denied(d) if is_context_reason(d.reason.kind()) => ApiError::forbidden(
+            "delegation_denied",
+            format!("the context envelope refuses the delegation: {}", d.reason),
+        )
+        .with_details(json!({"reason": d.reason.as_str(), "decision": DecisionBody::from(&*d)})),
+        EngineError::Escalated {
+            decision,
+            escalation_id,
+        } => ApiError::forbidden(
+            "delegation_escalated",
+            format!(
+                "the delegation awaits human review (escalation `{escalation_id}`): {}",
+                decision.reason
+            ),
+        )
+        .with_details(json!({
+            "reason": decision.reason.as_str(),
+            "decision": DecisionBody::from(&*decision),
+            "escalation_id": escalation_id,
+        })),
+        other => other.into(),
+    }
+}
+
+/// Whether a denial's reason kind comes from a context decision.
+fn is_context_reason(kind: &str) -> bool {
+    use warden_core::envelope::reasons as r;
+    [
+        r::RESTRICTED_BY,
+        r::DELEGATION_DENIED,
+        r::AGGREGATION_BACKSTOP.kind(),
+        r::SENSITIVITY_FLOOR.kind(),
+        r::ENVELOPE_POLICY_MISMATCH.kind(),
+        warden::engine_reasons::ESCALATION_REJECTED.kind(),
+    ]
+    .contains(&kind)
+}
+
+/// `POST /v1/agents/self/children` (agent): delegation. The context
+/// options go to `register_agent_with`, so the child's envelope is built
+/// from the source run's (or the caller's inherited) envelope and the
+/// delegation is decided against it.
 pub(crate) async fn delegate<S: Store>(
     State(st): State<AppState<S>>,
     AgentCaller(me): AgentCaller,
     JsonBody(req): JsonBody<DelegateRequest>,
 ) -> ApiResult<Reply<AgentCreatedResponse>> {
     check_registration(&st, &req.agent_id, &req.capabilities, req.tools.as_deref())?;
+    check_delegation_options(&st, &req.restrictions)?;
     let caller = Caller::Agent(me.clone());
     // A `parent_id` naming anyone but the caller goes to the engine as is:
     // it refuses it (`not_own_child`) and records the attempt.
     let parent = req.parent_id.unwrap_or(me);
+    let options = DelegationOptions {
+        from_run: req.from_run,
+        zone: req.zone.map(Into::into),
+        restrictions: req.restrictions,
+        redact_labels: req.redact_labels,
+    };
     let view = st
         .engine()
-        .register_agent(
+        .register_agent_with(
             &caller,
             RegisterAgent {
                 id: req.agent_id,
@@ -141,8 +221,10 @@ pub(crate) async fn delegate<S: Store>(
                 tools: req.tools,
                 config: req.config,
             },
+            options,
         )
-        .await?;
+        .await
+        .map_err(delegation_error)?;
     created(&st, view, &caller).await
 }
 

@@ -2,6 +2,7 @@
 
 pub(crate) mod agents;
 pub(crate) mod audit;
+pub(crate) mod context;
 pub(crate) mod memory;
 pub(crate) mod meta;
 pub(crate) mod runs;
@@ -35,6 +36,15 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/runs"),
     ("POST", "/v1/runs/{run}/steps/{step}/begin"),
     ("POST", "/v1/runs/{run}/steps/{step}/complete"),
+    ("GET", "/v1/runs/{run}/envelope"),
+    ("GET", "/v1/runs/{run}/envelope/signed"),
+    ("GET", "/v1/runs/{run}/receipt"),
+    ("POST", "/v1/runs/{run}/declassify"),
+    ("GET", "/v1/envelope-key"),
+    ("GET", "/v1/escalations"),
+    ("GET", "/v1/escalations/{id}"),
+    ("POST", "/v1/escalations/{id}/approve"),
+    ("POST", "/v1/escalations/{id}/reject"),
     ("GET", "/v1/audit"),
     ("GET", "/v1/audit/verify"),
     ("GET", "/healthz"),
@@ -67,6 +77,15 @@ pub fn router<S: Store>(state: AppState<S>) -> Router {
             "/v1/runs/{run}/steps/{step}/complete",
             post(runs::complete::<S>),
         )
+        .route("/v1/runs/{run}/envelope", get(context::envelope::<S>))
+        .route("/v1/runs/{run}/envelope/signed", get(context::signed::<S>))
+        .route("/v1/runs/{run}/receipt", get(context::receipt::<S>))
+        .route("/v1/runs/{run}/declassify", post(context::declassify::<S>))
+        .route("/v1/envelope-key", get(context::envelope_key::<S>))
+        .route("/v1/escalations", get(context::list_escalations::<S>))
+        .route("/v1/escalations/{id}", get(context::get_escalation::<S>))
+        .route("/v1/escalations/{id}/approve", post(context::approve::<S>))
+        .route("/v1/escalations/{id}/reject", post(context::reject::<S>))
         .route("/v1/audit", get(audit::page::<S>))
         .route("/v1/audit/verify", get(audit::verify::<S>))
         .route("/healthz", get(meta::healthz::<S>))

@@ -199,6 +199,21 @@ pub(crate) async fn begin<S: Store>(
                 outcome: Some((&outcome).into()),
             },
         )),
+        StepGate::Escalated {
+            decision,
+            escalation_id,
+        } => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "step_escalated",
+            format!(
+                "the step awaits human review (escalation `{escalation_id}`): {}",
+                decision.reason
+            ),
+        )
+        .with_details(json!({
+            "decision": DecisionBody::from(&decision),
+            "escalation_id": escalation_id,
+        }))),
         StepGate::Refused { decision } => {
             refresh_run(&st, &me, &run).await?;
             let reason = decision.reason.kind().to_owned();

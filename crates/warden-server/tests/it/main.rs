@@ -3,8 +3,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod bad_input;
+mod context;
 mod identity;
 mod lifecycle;
+mod lockdown;
 mod quotas;
 mod scenario;
 mod support;

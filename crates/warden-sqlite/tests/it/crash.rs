@@ -116,6 +116,7 @@ async fn child(round: u64, path: &Path) {
                     .collect(),
                 policy_version: "crash-1".into(),
                 created_at: Timestamp(1),
+                envelope_id: None,
             };
             store.create_run(run, vec![]).await.unwrap();
             let started = Instant::now();

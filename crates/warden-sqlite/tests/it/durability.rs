@@ -6,6 +6,7 @@ use std::sync::Arc;
 use serde_json::json;
 use warden_core::audit::{AuditEntry, Digest};
 use warden_core::decision::Verdict;
+use warden_core::envelope::EnvelopeId;
 use warden_core::hierarchy::AgentStatus;
 use warden_core::ids::{ActionName, Key, Namespace, RunId, StepId};
 use warden_core::memory::{RecordClass, Visibility};
@@ -30,6 +31,7 @@ fn agent(name: &str, parent: Option<&str>) -> StoredAgent {
         config: Some(json!({"k": [1, "two"]})),
         status: AgentStatus::Active,
         created_at: Timestamp(3),
+        envelope_id: parent.map(|p| EnvelopeId::parse(&format!("env-of-{p}")).unwrap()),
     }
 }
 
@@ -66,6 +68,7 @@ async fn reopening_keeps_everything() {
             .collect(),
         policy_version: "v1".into(),
         created_at: Timestamp(5),
+        envelope_id: Some(EnvelopeId::parse("env-run-1").unwrap()),
     };
     let outcome = StepOutcome {
         status: StepStatus::Completed,

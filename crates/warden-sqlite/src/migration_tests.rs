@@ -1,0 +1,339 @@
+//! A database written at schema version 1 (by the build before context
+//! envelopes) opens with this build, migrates, and keeps every row.
+
+use std::path::Path;
+
+use rusqlite::{Connection, params};
+use serde_json::json;
+use warden_core::audit::{AuditDraft, ChainHead, Digest};
+use warden_core::decision::{Subject, Verdict};
+use warden_core::envelope::{EnvelopeId, EnvelopeRecord, Sensitivity, WorkflowId};
+use warden_core::hierarchy::AgentStatus;
+use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
+use warden_core::memory::{MemoryRecord, RecordClass, Visibility};
+use warden_core::time::Timestamp;
+use warden_store::{
+    EscalationRecord, EscalationStatus, EscalationTarget, PutEnvelope, PutEscalation, RunRecord,
+    RunState, RunStep, StepOutcome, StepStatus, Store, StoredAgent, TokenRecord, TokenSubject,
+};
+
+use crate::schema::{APPLICATION_ID, SCHEMA_VERSION, migrate};
+use crate::{SqliteOptions, SqliteStore};
+
+fn agent_id(s: &str) -> AgentId {
+    AgentId::parse(s).unwrap()
+}
+
+fn note(i: u64) -> AuditDraft {
+    AuditDraft {
+        time: Timestamp(i64::try_from(i).unwrap()),
+        subject: Subject::OPERATOR.into(),
+        operation: "v1".into(),
+        resource: format!("r{i}"),
+        verdict: Verdict::Allow,
+        reason: "ok".into(),
+        policy_version: "p1".into(),
+        details: json!({ "i": i }),
+    }
+}
+
+/// Write a database exactly as version 1 did: only the v1 migration, then
+/// rows through the v1 build's statements. Returns the chain head.
+fn write_v1(path: &Path) -> ChainHead {
+    let mut conn = Connection::open(path).unwrap();
+    conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+    migrate(&mut conn, path, 1).unwrap();
+    let version: i64 = conn
+        .query_row("SELECT schema_version FROM meta", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 1);
+    let tables: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE name IN ('envelopes', 'escalations')",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(tables, 0, "only the v1 migration ran");
+
+    let tx = conn.transaction().unwrap();
+    for (id, parent) in [("root", None), ("kid", Some("root"))] {
+        tx.execute(
+            "INSERT INTO agents (id, parent, capabilities, tools, config, status, created_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![
+                id,
+                parent,
+                r#"["memory.read"]"#,
+                r#"["t"]"#,
+                r#"{"k":1}"#,
+                "active",
+                3
+            ],
+        )
+        .unwrap();
+    }
+    tx.execute(
+        "INSERT INTO tokens (token_id, hash, subject_kind, agent_id, created_at, revoked) \
+         VALUES ('tok', ?1, 'agent', 'kid', 4, 0)",
+        [Digest::of(b"secret").0],
+    )
+    .unwrap();
+    tx.execute(
+        "INSERT INTO memory (owner, namespace, key, value, visibility, class, combine, \
+         grants, expires_at, revision, created_at, updated_at) \
+         VALUES ('root', 'ns', 'k', '[1,2]', 'private', 'preference', NULL, NULL, NULL, 2, 5, 6)",
+        [],
+    )
+    .unwrap();
+    tx.execute(
+        "INSERT INTO runs (run_id, agent, sop_hash, sop, policy_version, created_at) \
+         VALUES ('run-1', 'kid', ?1, '{\"steps\":2}', 'p1', 7)",
+        [Digest::of(b"sop").0],
+    )
+    .unwrap();
+    tx.execute(
+        "INSERT INTO run_steps (run_id, position, step_id, action, operation_id, status, \
+         result, error, labels, recorded_at) \
+         VALUES ('run-1', 0, 'a', 'artifact.save', 'op-a', 'completed', '{\"ok\":true}', \
+         NULL, '[]', 8)",
+        [],
+    )
+    .unwrap();
+    tx.execute(
+        "INSERT INTO run_steps (run_id, position, step_id, action, operation_id) \
+         VALUES ('run-1', 1, 'b', 'artifact.save', 'op-b')",
+        [],
+    )
+    .unwrap();
+    let mut head = ChainHead {
+        count: 0,
+        seq: 0,
+        hash: Digest::GENESIS,
+    };
+    for i in 1..=3 {
+        let entry = note(i).seal(head.seq + 1, head.hash);
+        tx.execute(
+            "INSERT INTO audit (seq, time, subject, operation, resource, verdict, reason, \
+             policy_version, details, prev_hash, hash) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+            params![
+                i64::try_from(entry.seq).unwrap(),
+                entry.draft.time.0,
+                entry.draft.subject,
+                entry.draft.operation,
+                entry.draft.resource,
+                entry.draft.verdict.as_str(),
+                entry.draft.reason,
+                entry.draft.policy_version,
+                String::from_utf8(warden_core::canonical::to_canonical(&entry.draft.details))
+                    .unwrap(),
+                entry.prev_hash.0,
+                entry.hash.0,
+            ],
+        )
+        .unwrap();
+        head = ChainHead {
+            count: head.count + 1,
+            seq: entry.seq,
+            hash: entry.hash,
+        };
+    }
+    tx.execute(
+        "UPDATE audit_head SET seq = ?1, hash = ?2 WHERE id = 1",
+        params![i64::try_from(head.seq).unwrap(), head.hash.0],
+    )
+    .unwrap();
+    tx.commit().unwrap();
+    conn.close().unwrap();
+    head
+}
+
+fn expected_agents() -> Vec<StoredAgent> {
+    [("root", None), ("kid", Some("root"))]
+        .into_iter()
+        .map(|(id, parent)| StoredAgent {
+            id: agent_id(id),
+            parent: parent.map(agent_id),
+            capabilities: [ActionName::parse("memory.read").unwrap()]
+                .into_iter()
+                .collect(),
+            tools: vec!["t".into()],
+            config: Some(json!({"k": 1})),
+            status: AgentStatus::Active,
+            created_at: Timestamp(3),
+            envelope_id: None,
+        })
+        .collect()
+}
+
+fn step(s: &str) -> RunStep {
+    RunStep {
+        step_id: StepId::parse(s).unwrap(),
+        action: ActionName::parse("artifact.save").unwrap(),
+        operation_id: format!("op-{s}"),
+    }
+}
+
+#[tokio::test]
+async fn a_v1_database_migrates_and_keeps_its_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("warden.db");
+    let head = write_v1(&path);
+
+    let store = SqliteStore::open_with(SqliteOptions::new(path.clone()))
+        .await
+        .unwrap();
+    // Migrated to the current version, marked as Warden's.
+    {
+        let conn = Connection::open(&path).unwrap();
+        let version: i64 = conn
+            .query_row("SELECT schema_version FROM meta", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        let app: i32 = conn
+            .pragma_query_value(None, "application_id", |r| r.get(0))
+            .unwrap();
+        assert_eq!(app, APPLICATION_ID);
+    }
+    // Every v1 row reads back, with no envelope where v1 had none.
+    assert_eq!(store.load_agents().await.unwrap(), expected_agents());
+    assert_eq!(
+        store.find_token(Digest::of(b"secret")).await.unwrap(),
+        Some(TokenRecord {
+            token_id: "tok".into(),
+            hash: Digest::of(b"secret"),
+            subject: TokenSubject::Agent(agent_id("kid")),
+            created_at: Timestamp(4),
+            revoked: false,
+        })
+    );
+    let records = store
+        .get_records(
+            Namespace::parse("ns").unwrap(),
+            Key::parse("k").unwrap(),
+            vec![agent_id("root")],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        records,
+        vec![MemoryRecord {
+            owner: agent_id("root"),
+            namespace: Namespace::parse("ns").unwrap(),
+            key: Key::parse("k").unwrap(),
+            value: json!([1, 2]),
+            visibility: Visibility::Private,
+            class: RecordClass::Preference,
+            revision: 2,
+            created_at: Timestamp(5),
+            updated_at: Timestamp(6),
+        }]
+    );
+    let run_id = RunId::parse("run-1").unwrap();
+    let expected_run = RunState {
+        run: RunRecord {
+            run_id: run_id.clone(),
+            agent: agent_id("kid"),
+            sop_hash: Digest::of(b"sop"),
+            sop: json!({"steps": 2}),
+            steps: vec![step("a"), step("b")],
+            policy_version: "p1".into(),
+            created_at: Timestamp(7),
+            envelope_id: None,
+        },
+        outcomes: [(
+            StepId::parse("a").unwrap(),
+            StepOutcome {
+                status: StepStatus::Completed,
+                result: Some(json!({"ok": true})),
+                error: None,
+                labels: Vec::new(),
+                recorded_at: Timestamp(8),
+            },
+        )]
+        .into_iter()
+        .collect(),
+    };
+    assert_eq!(
+        store.get_run(run_id.clone()).await.unwrap(),
+        Some(expected_run.clone())
+    );
+    assert_eq!(store.audit_head().await.unwrap(), head);
+    let report = store.verify_audit(None).await.unwrap();
+    assert_eq!(report.verified, head);
+
+    // The migrated file takes the new records, and the chain goes on.
+    let envelope = EnvelopeRecord {
+        envelope_id: EnvelopeId::parse("env-new").unwrap(),
+        parent_envelope_id: None,
+        workflow_id: WorkflowId::parse("wf").unwrap(),
+        agent_id: agent_id("kid"),
+        labels: Default::default(),
+        aggregate_sensitivity: Sensitivity::Internal,
+        derived: Default::default(),
+        delegation_depth: 0,
+        restrictions: Default::default(),
+        version: 0,
+    };
+    let o = store
+        .put_envelope(envelope.clone(), None, Box::new(|_| vec![note(4)]))
+        .await
+        .unwrap();
+    assert_eq!(o, PutEnvelope::Written);
+    let target = EscalationTarget::Step {
+        run_id: run_id.clone(),
+        step_id: StepId::parse("b").unwrap(),
+    };
+    let escalation = EscalationRecord {
+        escalation_id: "esc-1".into(),
+        target,
+        requested_by: Subject::Agent(agent_id("kid")),
+        operation: "step.begin".into(),
+        resource: "run-1:b".into(),
+        reason: warden_core::decision::Reason::code("sensitivity_floor"),
+        envelope_id: Some(envelope.envelope_id.clone()),
+        envelope_version: Some(0),
+        classification: Sensitivity::Internal,
+        obligations: Vec::new(),
+        status: EscalationStatus::Pending,
+        created_at: Timestamp(9),
+        resolved_by: None,
+        resolved_at: None,
+        rejection_reason: None,
+        consumed_at: None,
+    };
+    let o = store
+        .put_escalation(escalation.clone(), Box::new(|_| vec![note(5)]))
+        .await
+        .unwrap();
+    assert_eq!(o, PutEscalation::Created);
+    let mut child = expected_agents().remove(1);
+    child.id = agent_id("grandkid");
+    child.parent = Some(agent_id("kid"));
+    child.envelope_id = Some(envelope.envelope_id.clone());
+    store.insert_agent(child.clone(), vec![]).await.unwrap();
+    drop(store);
+
+    // Reopening a migrated file changes nothing.
+    let store = SqliteStore::open_with(SqliteOptions::new(path.clone()))
+        .await
+        .unwrap();
+    let mut agents = expected_agents();
+    agents.push(child);
+    assert_eq!(store.load_agents().await.unwrap(), agents);
+    assert_eq!(store.get_run(run_id).await.unwrap(), Some(expected_run));
+    assert_eq!(
+        store
+            .get_envelope(envelope.envelope_id.clone(), None)
+            .await
+            .unwrap(),
+        Some(envelope)
+    );
+    assert_eq!(
+        store.get_escalation("esc-1".into()).await.unwrap(),
+        Some(escalation)
+    );
+    let report = store.verify_audit(None).await.unwrap();
+    assert_eq!(report.verified.count, 5);
+}
