@@ -280,6 +280,16 @@ pub(crate) mod sql {
          (id, parent, capabilities, tools, config, status, created_at, envelope_id) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING";
     pub const SET_STATUS: &str = "UPDATE agents SET status = $1 WHERE id = ANY($2) RETURNING id";
+    pub const LOCK_AGENTS: &str = "SELECT id FROM agents WHERE id = ANY($1) ORDER BY id FOR UPDATE";
+    /// Conflicts with the `FOR UPDATE` of a revocation (and with any
+    /// status update), not with other registrations under the same parent.
+    pub const LOCK_PARENT: &str = "SELECT status FROM agents WHERE id = $1 FOR SHARE";
+    /// Active descendants of `$1`, revoked; returns their ids.
+    pub const REVOKE_DESCENDANTS: &str = "WITH RECURSIVE sub (id) AS ( \
+           SELECT id FROM agents WHERE parent = ANY($1) \
+           UNION SELECT a.id FROM agents a JOIN sub ON a.parent = sub.id) \
+         UPDATE agents SET status = 'revoked' \
+         WHERE id IN (SELECT id FROM sub) AND status = 'active' RETURNING id";
     pub const SET_CAPABILITIES: &str = "UPDATE agents SET capabilities = $2 WHERE id = $1";
 
     pub const INSERT_TOKEN: &str = "INSERT INTO tokens \
@@ -560,6 +570,10 @@ fn record_key<'a>(owner: &'a AgentId, namespace: &'a Namespace, key: &'a Key) ->
     [owner.as_str(), namespace.as_str(), key.as_str()]
 }
 
+/// Most passes of a revocation's cascade to descendants (each pass finds
+/// those registered concurrently since the last; two suffice in practice).
+const CASCADE_PASSES: usize = 16;
+
 /// Most attempts of a put whose conditional statement keeps losing to
 /// concurrent writers before it gives up with a backend error.
 const PUT_ATTEMPTS: usize = 64;
@@ -691,6 +705,20 @@ impl Store for PgStore {
         let envelope = agent.envelope_id.as_ref().map(EnvelopeId::as_str);
         let mut conn = self.inner.pool.get().await?;
         let mut tx = conn.begin().await?;
+        // A child of a revoked agent is revoked: the parent's row is held
+        // FOR SHARE until this commits, so a concurrent revocation of the
+        // parent (on any server) either committed first, and the child is
+        // stored revoked here, or waits for this insert and then revokes
+        // the child with the rest of the subtree.
+        let mut status = codec::status_in(agent.status);
+        if let Some(parent) = parent
+            && let Some(row) = tx.query_opt(sql::LOCK_PARENT, &[&parent]).await?
+        {
+            let parent_status: &str = row.try_get(0).map_err(crate::error::column)?;
+            if parent_status == codec::status_in(AgentStatus::Revoked) {
+                status = codec::status_in(AgentStatus::Revoked);
+            }
+        }
         let inserted = tx
             .execute(
                 sql::INSERT_AGENT,
@@ -700,7 +728,7 @@ impl Store for PgStore {
                     &capabilities,
                     &tools,
                     &config,
-                    &codec::status_in(agent.status),
+                    &status,
                     &agent.created_at.0,
                     &envelope,
                 ],
@@ -726,6 +754,11 @@ impl Store for PgStore {
         let names: Vec<&str> = ids.iter().map(AgentId::as_str).collect();
         let mut conn = self.inner.pool.get().await?;
         let mut tx = conn.begin().await?;
+        // Lock the named agents in one order (concurrent revocations of
+        // overlapping subtrees queue rather than deadlock). This waits for
+        // registrations of their children in flight (they hold the parent's
+        // row FOR SHARE), so the cascade below sees those children.
+        tx.query(sql::LOCK_AGENTS, &[&names]).await?;
         let rows = tx
             .query(sql::SET_STATUS, &[&codec::status_in(status), &names])
             .await?;
@@ -738,9 +771,26 @@ impl Store for PgStore {
             // Dropping `tx` rolls back the agents that were found.
             return Err(not_found(missing));
         }
+        let mut changed: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        if status == AgentStatus::Revoked {
+            // Revocation covers the subtree as stored, including children
+            // another server registered after the revoking server computed
+            // it. Each pass is a new snapshot; a child inserted meanwhile
+            // under an agent this transaction has locked waits for it and
+            // is then stored revoked (see `insert_agent`), so the passes end.
+            for _ in 0..CASCADE_PASSES {
+                let rows = tx.query(sql::REVOKE_DESCENDANTS, &[&names]).await?;
+                if rows.is_empty() {
+                    break;
+                }
+                for row in &rows {
+                    changed.push(row.try_get(0).map_err(crate::error::column)?);
+                }
+            }
+        }
         let change = ChangeRec {
             kind: ChangeKind::AgentStatus,
-            ids: names.iter().map(|s| s.to_string()).collect(),
+            ids: changed,
         };
         tx.finish(audit, Some(change), &self.inner.channel).await?;
         Ok(())
