@@ -28,12 +28,21 @@ enum Command {
         /// policy (the lab document's report hierarchy).
         #[arg(long)]
         policy: Option<PathBuf>,
-        /// Database URL: `sqlite://FILE` or `memory://` (nothing kept).
+        /// Database URL: `sqlite://FILE`, `postgres://USER@HOST:PORT/DB`
+        /// (several servers may share one; pick the schema with
+        /// `?options=-csearch_path%3DNAME`) or `memory://` (nothing kept).
         #[arg(long, default_value = "sqlite://warden.db")]
         database: String,
         /// Address to listen on (`127.0.0.1:0` picks a free port).
         #[arg(long, default_value = "127.0.0.1:7070")]
         listen: String,
+        /// On PostgreSQL: how often (milliseconds) this server reconciles
+        /// its cached hierarchy with the database in full, besides applying
+        /// other servers' changes as they are notified. The longest a
+        /// revocation made on another server can go unnoticed here when its
+        /// notification is lost.
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+        sync_interval_ms: u64,
     },
     /// Run the lab document's report-production scenario and print each
     /// acceptance criterion with its evidence.
@@ -69,7 +78,7 @@ enum AuditCommand {
     /// Recompute the hash chain: exit 0 intact, 1 naming the first bad
     /// entry, 2 unreadable.
     Verify {
-        /// Database URL (`sqlite://PATH`).
+        /// Database URL (`sqlite://PATH` or `postgres://...`).
         #[arg(long)]
         database: String,
         /// A head exported earlier (`SEQ:HASH`, from a previous verify) that
@@ -79,7 +88,7 @@ enum AuditCommand {
     },
     /// Write the log as JSON Lines.
     Export {
-        /// Database URL (`sqlite://PATH`).
+        /// Database URL (`sqlite://PATH` or `postgres://...`).
         #[arg(long)]
         database: String,
         /// Only entries after this sequence number.
@@ -106,7 +115,13 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             policy,
             database,
             listen,
-        } => crate::serve::run(policy.as_deref(), &database, &listen),
+            sync_interval_ms,
+        } => crate::serve::run(
+            policy.as_deref(),
+            &database,
+            &listen,
+            std::time::Duration::from_millis(sync_interval_ms),
+        ),
         Command::Demo => crate::demo::run(),
         Command::Check {
             policy,

@@ -11,6 +11,7 @@ mod demo;
 mod policy;
 mod serve;
 mod store;
+mod sync;
 
 use std::process::ExitCode;
 

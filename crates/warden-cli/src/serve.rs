@@ -32,16 +32,26 @@ fn init_tracing() {
 }
 
 /// Run the service until SIGTERM or SIGINT.
-pub fn run(policy: Option<&Path>, database: &str, listen: &str) -> anyhow::Result<ExitCode> {
+pub fn run(
+    policy: Option<&Path>,
+    database: &str,
+    listen: &str,
+    sync_interval: Duration,
+) -> anyhow::Result<ExitCode> {
     init_tracing();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(serve(policy, database, listen))
+    runtime.block_on(serve(policy, database, listen, sync_interval))
 }
 
-async fn serve(policy: Option<&Path>, database: &str, listen: &str) -> anyhow::Result<ExitCode> {
+async fn serve(
+    policy: Option<&Path>,
+    database: &str,
+    listen: &str,
+    sync_interval: Duration,
+) -> anyhow::Result<ExitCode> {
     let (text, origin) = match policy {
         Some(p) => (
             std::fs::read_to_string(p).with_context(|| format!("reading `{}`", p.display()))?,
@@ -66,7 +76,27 @@ async fn serve(policy: Option<&Path>, database: &str, listen: &str) -> anyhow::R
     })?;
     let addr = listener.local_addr().context("reading the bound address")?;
 
-    let store = crate::store::open(database).await?;
+    let shown = crate::store::redact(database);
+    // On PostgreSQL, subscribe to other servers' changes before the engine
+    // loads the agents: a change committed after the load is then
+    // delivered (one committed before is applied again, harmlessly).
+    let (store, feed) = if warden_postgres::is_postgres_url(database) {
+        let options = warden_postgres::PgOptions {
+            listen_heartbeat: sync_interval,
+            ..warden_postgres::PgOptions::default()
+        };
+        let pg = crate::store::open_postgres(database, options).await?;
+        let changes = pg
+            .subscribe()
+            .await
+            .with_context(|| format!("subscribing to changes in `{shown}`"))?;
+        (
+            crate::store::AnyStore::Postgres(pg.clone()),
+            Some((pg, changes)),
+        )
+    } else {
+        (crate::store::open(database).await?, None)
+    };
     let state = AppState::open(
         policy,
         store,
@@ -74,7 +104,15 @@ async fn serve(policy: Option<&Path>, database: &str, listen: &str) -> anyhow::R
         ServerConfig::default(),
     )
     .await
-    .with_context(|| format!("opening the engine over `{database}`"))?;
+    .with_context(|| format!("opening the engine over `{shown}`"))?;
+    if let Some((pg, changes)) = feed {
+        tokio::spawn(crate::sync::follow(
+            pg,
+            changes,
+            state.engine().clone(),
+            sync_interval,
+        ));
+    }
     let env_token = std::env::var("WARDEN_OPERATOR_TOKEN")
         .ok()
         .filter(|t| !t.is_empty());
@@ -83,7 +121,7 @@ async fn serve(policy: Option<&Path>, database: &str, listen: &str) -> anyhow::R
         .context("setting up the operator token")?;
 
     println!("policy: `{version}` from {origin}");
-    println!("database: {database}");
+    println!("database: {shown}");
     match source {
         OperatorTokenSource::Environment => {
             println!("operator token: from WARDEN_OPERATOR_TOKEN");
@@ -99,7 +137,7 @@ async fn serve(policy: Option<&Path>, database: &str, listen: &str) -> anyhow::R
         ),
     }
     println!("listening on http://{addr}");
-    tracing::info!(%addr, policy = %version, database, "serving");
+    tracing::info!(%addr, policy = %version, database = %shown, "serving");
 
     let (stop_tx, mut stop_rx) = watch::channel(false);
     let shutdown = async move {

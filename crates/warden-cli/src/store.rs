@@ -28,12 +28,17 @@ pub enum AnyStore {
     Memory(MemoryStore),
     /// `sqlite://FILE`: the embedded default.
     Sqlite(warden_sqlite::SqliteStore),
+    /// `postgres://...` or `postgresql://...`: one database shared by
+    /// several servers.
+    Postgres(warden_postgres::PgStore),
 }
 
 /// Open the backend named by `url`'s scheme.
 pub async fn open(url: &str) -> anyhow::Result<AnyStore> {
     let Some((scheme, _)) = url.split_once("://") else {
-        bail!("database URL `{url}` has no scheme: use `sqlite://FILE` or `memory://`");
+        bail!(
+            "database URL `{url}` has no scheme: use `sqlite://FILE`, `postgres://...` or `memory://`"
+        );
     };
     match scheme {
         "memory" => Ok(AnyStore::Memory(MemoryStore::new())),
@@ -42,12 +47,43 @@ pub async fn open(url: &str) -> anyhow::Result<AnyStore> {
                 .await
                 .map_err(|e| anyhow::anyhow!("database `{url}`: {e}"))?,
         )),
-        "postgres" | "postgresql" => {
-            bail!("database `{url}`: postgres backend not built in yet")
-        }
+        "postgres" | "postgresql" => Ok(AnyStore::Postgres(
+            open_postgres(url, warden_postgres::PgOptions::default()).await?,
+        )),
         other => {
-            bail!("database `{url}`: unknown scheme `{other}`; use `sqlite://FILE` or `memory://`")
+            bail!(
+                "database `{url}`: unknown scheme `{other}`; use `sqlite://FILE`, `postgres://...` or `memory://`"
+            )
         }
+    }
+}
+
+/// Connect to PostgreSQL at `url` (applying migrations) with `options`.
+/// Error messages name the database without its password.
+pub async fn open_postgres(
+    url: &str,
+    options: warden_postgres::PgOptions,
+) -> anyhow::Result<warden_postgres::PgStore> {
+    warden_postgres::PgStore::connect_with(url, options)
+        .await
+        .map_err(|e| anyhow::anyhow!("database `{}`: {e}", redact(url)))
+}
+
+/// `url` with the password (if any) replaced by `***`, for messages.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
     }
 }
 
@@ -57,6 +93,7 @@ macro_rules! delegate {
         match $self {
             AnyStore::Memory($s) => $call,
             AnyStore::Sqlite($s) => $call,
+            AnyStore::Postgres($s) => $call,
         }
     };
 }
@@ -233,5 +270,21 @@ impl Store for AnyStore {
         audit: AuditFn<Option<EscalationRecord>>,
     ) -> Result<Option<EscalationRecord>, StoreError> {
         delegate!(self, s => s.consume_escalation(target, at, audit).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact("postgres://u:secret@db:5432/w?sslmode=disable"),
+            "postgres://u:***@db:5432/w?sslmode=disable"
+        );
+        assert_eq!(redact("postgres://u@db/w"), "postgres://u@db/w");
+        assert_eq!(redact("postgresql://db/w"), "postgresql://db/w");
+        assert_eq!(redact("sqlite://warden.db"), "sqlite://warden.db");
     }
 }
