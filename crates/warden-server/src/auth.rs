@@ -272,9 +272,25 @@ pub async fn ensure_operator_token<S: Store>(
                     token_id: format!("operator-env-{}", hash.to_hex().get(..12).unwrap_or("")),
                     secret: secret.to_owned(),
                 };
-                state
+                match state
                     .insert_token(&token, TokenSubject::Operator, &Caller::Operator)
-                    .await?;
+                    .await
+                {
+                    Ok(()) => {}
+                    // Another server sharing the database, starting at the
+                    // same time with the same token, stored it first.
+                    Err(StoreError::Duplicate(_)) => {
+                        match state.engine().store().find_token(hash).await? {
+                            Some(t) if t.subject != TokenSubject::Operator => {
+                                return Err(OperatorTokenError::NotOperator);
+                            }
+                            Some(t) if t.revoked => return Err(OperatorTokenError::Revoked),
+                            Some(_) => {}
+                            None => return Err(StoreError::Duplicate(token.token_id).into()),
+                        }
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             }
         }
         return Ok(OperatorTokenSource::Environment);

@@ -388,6 +388,10 @@ impl<S: Store> Engine<S> {
                     rest.push(seed);
                     continue;
                 }
+                if self.is_cached(&seed.id)? {
+                    // Seeded meanwhile by another node sharing the store.
+                    continue;
+                }
                 let now = self.now();
                 let spec = seed_spec(seed);
                 let stored = StoredAgent {
@@ -408,8 +412,19 @@ impl<S: Store> Engine<S> {
                     seed.id.to_string(),
                     now,
                 );
-                self.commit_agent(spec, stored, vec![AuditDraft::from_decision(&decision)])
-                    .await?;
+                match self
+                    .commit_agent(spec, stored, vec![AuditDraft::from_decision(&decision)])
+                    .await
+                {
+                    Ok(()) => {}
+                    // Another node sharing the store, starting at the same
+                    // time, seeded it first (and recorded it): take the
+                    // stored agents and carry on.
+                    Err(EngineError::Store(warden_store::StoreError::Duplicate(_))) => {
+                        self.reload_agents().await?;
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             if rest.len() == before {
                 break;

@@ -8,6 +8,8 @@ use std::net::TcpStream;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+mod postgres;
+
 const OP: &str = "cli-test-operator-token-0123456789abcdef";
 
 fn warden() -> Command {

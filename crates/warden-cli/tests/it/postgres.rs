@@ -1,0 +1,539 @@
+//! Several `warden serve` processes on one PostgreSQL schema, and a server
+//! killed with SIGKILL during acknowledged writes.
+//!
+//! Needs `WARDEN_TEST_DATABASE_URL` (for example
+//! `postgres://postgres@127.0.0.1:5432/test`); without it every test here
+//! prints `skipped: WARDEN_TEST_DATABASE_URL is not set` and passes. Each
+//! test creates its own schema (`wcli_...`) and drops it at the end.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+
+use super::{OP, warden};
+
+/// The full-reconcile interval the servers run with: the documented worst
+/// case for a revocation made on one server to reach another whose
+/// notification was lost.
+const SYNC_INTERVAL_MS: u64 = 1_000;
+
+fn database_url() -> Option<String> {
+    std::env::var("WARDEN_TEST_DATABASE_URL")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+}
+
+macro_rules! url_or_skip {
+    () => {
+        match database_url() {
+            Some(url) => url,
+            None => {
+                eprintln!("skipped: WARDEN_TEST_DATABASE_URL is not set");
+                return;
+            }
+        }
+    };
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+fn sql(url: &str, statement: &str) {
+    let (url, statement) = (url.to_owned(), statement.to_owned());
+    block_on(async move {
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        let driver = tokio::spawn(connection);
+        client.batch_execute(&statement).await.unwrap();
+        drop(client);
+        let _ = driver.await;
+    });
+}
+
+/// A schema of its own, created now and dropped (with everything in it)
+/// when this value drops; `url` selects it through `search_path`.
+struct Schema {
+    base: String,
+    name: String,
+    url: String,
+}
+
+impl Schema {
+    fn new(base: String) -> Self {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        let name = format!(
+            "wcli_{}_{}_{}_{:x}",
+            now.as_secs(),
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed),
+            now.subsec_nanos()
+        );
+        sql(&base, &format!("CREATE SCHEMA \"{name}\""));
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{sep}options=-csearch_path%3D{name}");
+        Self { base, name, url }
+    }
+}
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        sql(
+            &self.base,
+            &format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name),
+        );
+    }
+}
+
+/// A running `warden serve`, killed when dropped.
+struct Server {
+    child: Child,
+    addr: String,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start(url: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("serve.log");
+        let mut child = warden()
+            .env("WARDEN_OPERATOR_TOKEN", OP)
+            .args([
+                "serve",
+                "--database",
+                url,
+                "--listen",
+                "127.0.0.1:0",
+                "--sync-interval-ms",
+                &SYNC_INTERVAL_MS.to_string(),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut lines = Vec::new();
+        let addr = loop {
+            let mut line = String::new();
+            if std::io::BufRead::read_line(&mut out, &mut line).unwrap_or(0) == 0 {
+                let status = child.wait();
+                let log = std::fs::read_to_string(&log).unwrap_or_default();
+                panic!("serve exited before listening ({status:?}): {lines:?}\n{log}");
+            }
+            if let Some(addr) = line.trim_end().strip_prefix("listening on http://") {
+                break addr.to_owned();
+            }
+            lines.push(line);
+        };
+        // The password (if any) never appears in the output.
+        assert!(lines.iter().all(|l| !l.contains(":secret@")), "{lines:?}");
+        Self {
+            child,
+            addr,
+            log,
+            _dir: dir,
+        }
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// One HTTP/1.1 request; the status and the JSON body (`null` if none).
+fn request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: &str,
+    body: Option<&Value>,
+) -> std::io::Result<(u16, Value)> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes())?;
+    s.write_all(body.as_bytes())?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let status = text
+        .get(9..12)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP response: {text:?}")))?;
+    let (headers, payload) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let payload = if headers
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(payload)
+    } else {
+        payload.to_owned()
+    };
+    let json = if payload.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&payload).unwrap_or(Value::String(payload))
+    };
+    Ok((status, json))
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+fn ok(addr: &str, method: &str, path: &str, token: &str, body: Option<&Value>) -> (u16, Value) {
+    request(addr, method, path, token, body).unwrap()
+}
+
+/// Register a root agent on `addr`; its token.
+fn register(addr: &str, agent: &str) -> String {
+    let (status, body) = ok(
+        addr,
+        "POST",
+        "/v1/agents",
+        OP,
+        Some(&json!({"agent_id": agent, "capabilities": ["memory.read", "memory.write"]})),
+    );
+    assert_eq!(status, 201, "{body}");
+    body["token"].as_str().unwrap().to_owned()
+}
+
+fn audit_verify(url: &str) -> (i32, String) {
+    let out = warden()
+        .args(["audit", "verify", "--database", url])
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// Two servers started together on one empty schema share everything: an
+/// agent registered on A acts on B at once; a write on A is read on B;
+/// compare-and-set writes split across both have exactly one winner; a
+/// revocation on A is enforced on B within the sync interval; and the one
+/// audit chain holding both servers' entries verifies from the CLI.
+#[test]
+fn two_servers_share_one_database() {
+    let base = url_or_skip!();
+    let schema = Schema::new(base);
+    // Started together: both find the schema empty; migration and bundle
+    // seeding happen once.
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| Server::start(&schema.url));
+        let b = s.spawn(|| Server::start(&schema.url));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+
+    // An agent registered on A acts on B straight away.
+    let token = register(&a.addr, "worker");
+    let (status, body) = ok(
+        &b.addr,
+        "PUT",
+        "/v1/memory/project/notes",
+        &token,
+        Some(&json!({"value": "from B", "expected_revision": 0})),
+    );
+    assert_eq!(status, 201, "{body}\n{}", b.log());
+    let (status, body) = ok(&b.addr, "GET", "/v1/agents/self", &token, None);
+    assert_eq!(status, 200, "{body}");
+
+    // A write on A is read on B (and the other way round).
+    let (status, body) = ok(
+        &a.addr,
+        "PUT",
+        "/v1/memory/project/notes",
+        &token,
+        Some(&json!({"value": "from A", "expected_revision": 1})),
+    );
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = ok(&b.addr, "GET", "/v1/memory/project/notes", &token, None);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["value"], json!("from A"), "{body}");
+    assert_eq!(body["revision"], json!(2), "{body}");
+
+    // Compare-and-set writes from the same revision, split across A and
+    // B: exactly one wins, the others see the winner's revision.
+    const WRITERS: usize = 16;
+    let barrier = Arc::new(Barrier::new(WRITERS));
+    let results: Vec<(usize, u16, Value)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..WRITERS)
+            .map(|i| {
+                let addr = if i % 2 == 0 { &a.addr } else { &b.addr };
+                let (barrier, token) = (Arc::clone(&barrier), token.clone());
+                s.spawn(move || {
+                    barrier.wait();
+                    let (status, body) = ok(
+                        addr,
+                        "PUT",
+                        "/v1/memory/project/notes",
+                        &token,
+                        Some(&json!({"value": {"writer": i}, "expected_revision": 2})),
+                    );
+                    (i, status, body)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let winners: Vec<usize> = results
+        .iter()
+        .filter(|(_, status, _)| *status == 200)
+        .map(|(i, _, _)| *i)
+        .collect();
+    assert_eq!(winners.len(), 1, "{results:?}");
+    for (_, status, body) in &results {
+        if *status != 200 {
+            assert_eq!(*status, 409, "{body}");
+            assert_eq!(body["error"]["code"], json!("revision_conflict"), "{body}");
+            assert_eq!(body["error"]["details"]["current_revision"], json!(3));
+        }
+    }
+    for addr in [&a.addr, &b.addr] {
+        let (_, body) = ok(addr, "GET", "/v1/memory/project/notes", &token, None);
+        assert_eq!(body["value"], json!({"writer": winners[0]}));
+        assert_eq!(body["revision"], json!(3));
+    }
+
+    // Revoked on A, denied on B within the sync interval (normally within
+    // the notification latency: milliseconds).
+    let (status, body) = ok(&b.addr, "GET", "/v1/memory/project/notes", &token, None);
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = ok(&a.addr, "DELETE", "/v1/agents/worker", OP, None);
+    assert_eq!(status, 200, "{body}");
+    let revoked_at = Instant::now();
+    let bound = Duration::from_millis(SYNC_INTERVAL_MS) + Duration::from_secs(2);
+    let denied_after = loop {
+        let (status, body) = ok(&b.addr, "GET", "/v1/memory/project/notes", &token, None);
+        if status == 403 {
+            assert_eq!(body["error"]["code"], json!("agent_revoked"), "{body}");
+            break revoked_at.elapsed();
+        }
+        assert_eq!(status, 200, "{body}");
+        assert!(
+            revoked_at.elapsed() < bound,
+            "B still allows a revoked agent after {:?}\n{}",
+            revoked_at.elapsed(),
+            b.log()
+        );
+        std::thread::yield_now();
+    };
+    eprintln!("revocation on A enforced on B after {denied_after:?}");
+    // A denies at once (it made the revocation).
+    let (status, _) = ok(&a.addr, "GET", "/v1/memory/project/notes", &token, None);
+    assert_eq!(status, 403);
+
+    // Both servers see one intact chain; so does the CLI, from the
+    // database, with the servers stopped or running.
+    for addr in [&a.addr, &b.addr] {
+        let (status, body) = ok(addr, "GET", "/v1/audit/verify", OP, None);
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["valid"], json!(true), "{body}");
+    }
+    let (code, out) = audit_verify(&schema.url);
+    assert_eq!(code, 0, "{out}");
+    let (_, page) = ok(&a.addr, "GET", "/v1/audit?limit=1000", OP, None);
+    let entries = page["entries"].as_array().cloned().unwrap_or_default();
+    // Entries from both servers: the worker's writes each one accepted
+    // (B, A, then the race's winner) and the race's 15 conflicts.
+    let writes = |verdict: &str| {
+        entries
+            .iter()
+            .filter(|e| {
+                e["subject"] == json!("worker")
+                    && e["operation"] == json!("memory.write")
+                    && e["verdict"] == json!(verdict)
+            })
+            .count()
+    };
+    assert_eq!(writes("allow"), 3, "{page}");
+    assert_eq!(writes("deny"), WRITERS - 1, "{page}");
+    drop((a, b));
+    let (code, out) = audit_verify(&schema.url);
+    assert_eq!(code, 0, "{out}");
+    let export = warden()
+        .args(["audit", "export", "--database", &schema.url])
+        .output()
+        .unwrap();
+    assert!(export.status.success());
+    let lines = String::from_utf8_lossy(&export.stdout).lines().count();
+    assert!(
+        out.contains(&format!("ok: {lines} entries verified")),
+        "{out}"
+    );
+}
+
+/// A server killed with SIGKILL while clients write: every write whose 2xx
+/// the clients saw is there after a restart, and the chain verifies.
+#[test]
+fn acknowledged_writes_survive_kill_9() {
+    let base = url_or_skip!();
+    let schema = Schema::new(base);
+    let mut server = Server::start(&schema.url);
+    let token = register(&server.addr, "writer");
+    const CLIENTS: usize = 4;
+    const ACKED_BEFORE_KILL: usize = 200;
+    let acked: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let (acked, stop, addr, token) = (
+                Arc::clone(&acked),
+                Arc::clone(&stop),
+                server.addr.clone(),
+                token.clone(),
+            );
+            std::thread::spawn(move || {
+                for n in 0u64.. {
+                    if stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let key = format!("c{c}_{n}");
+                    match request(
+                        &addr,
+                        "PUT",
+                        &format!("/v1/memory/crash/{key}"),
+                        &token,
+                        Some(&json!({"value": n, "expected_revision": 0})),
+                    ) {
+                        Ok((201, _)) => acked.lock().unwrap().push((key, n)),
+                        // The server is gone: this write is unacknowledged.
+                        Ok(_) | Err(_) => return,
+                    }
+                }
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while acked.lock().unwrap().len() < ACKED_BEFORE_KILL {
+        assert!(
+            Instant::now() < deadline,
+            "writes are not being acknowledged"
+        );
+        std::thread::yield_now();
+    }
+    // Writes are in flight on every client thread.
+    server.kill9();
+    stop.store(true, Ordering::SeqCst);
+    for h in handles {
+        h.join().unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+    assert!(acked.len() >= ACKED_BEFORE_KILL);
+
+    let (code, out) = audit_verify(&schema.url);
+    assert_eq!(code, 0, "{out}");
+    let server = Server::start(&schema.url);
+    for (key, n) in &acked {
+        let (status, body) = ok(
+            &server.addr,
+            "GET",
+            &format!("/v1/memory/crash/{key}"),
+            &token,
+            None,
+        );
+        assert_eq!(status, 200, "acknowledged write `{key}` is missing: {body}");
+        assert_eq!(body["value"], json!(n));
+    }
+    let (status, body) = ok(&server.addr, "GET", "/v1/audit/verify", OP, None);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["valid"], json!(true), "{body}");
+    eprintln!("{} acknowledged writes survived kill -9", acked.len());
+}
+
+/// Every change listener loses its connection (the database terminated
+/// it); a revocation made meanwhile on A still reaches B within the
+/// documented bound: B's listener reconnects and reconciles, and B
+/// reconciles every sync interval regardless.
+#[test]
+fn a_revocation_reaches_a_server_whose_listener_was_cut() {
+    let base = url_or_skip!();
+    let schema = Schema::new(base.clone());
+    let a = Server::start(&schema.url);
+    let b = Server::start(&schema.url);
+    let token = register(&a.addr, "cut_off");
+    let (status, body) = ok(
+        &b.addr,
+        "PUT",
+        "/v1/memory/project/k",
+        &token,
+        Some(&json!({"value": 1})),
+    );
+    assert_eq!(status, 201, "{body}");
+    sql(
+        &base,
+        &format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE application_name = 'warden-listen:{}'",
+            schema.name
+        ),
+    );
+    let (status, body) = ok(&a.addr, "DELETE", "/v1/agents/cut_off", OP, None);
+    assert_eq!(status, 200, "{body}");
+    let revoked_at = Instant::now();
+    let bound = Duration::from_millis(SYNC_INTERVAL_MS) + Duration::from_secs(2);
+    loop {
+        let (status, body) = ok(&b.addr, "GET", "/v1/memory/project/k", &token, None);
+        if status == 403 {
+            assert_eq!(body["error"]["code"], json!("agent_revoked"), "{body}");
+            break;
+        }
+        assert_eq!(status, 200, "{body}");
+        assert!(
+            revoked_at.elapsed() < bound,
+            "B still allows a revoked agent after {:?}\n{}",
+            revoked_at.elapsed(),
+            b.log()
+        );
+        std::thread::yield_now();
+    }
+    eprintln!(
+        "revocation reached B (listener cut) after {:?}",
+        revoked_at.elapsed()
+    );
+    let log = b.log();
+    assert!(log.contains("change listener"), "{log}");
+}
