@@ -234,6 +234,46 @@ pub fn check_diagnostics(l: &Loaded) -> Result<()> {
     Ok(())
 }
 
+/// The only code `--profile` runs under callgrind's collection
+/// (`valgrind --tool=callgrind --collect-atstart=no
+/// --toggle-collect='*profiled_region*'`), so setup and staging are not
+/// counted.
+#[inline(never)]
+pub fn profiled_region<T>(f: impl FnOnce() -> T) -> T {
+    std::hint::black_box(f())
+}
+
+/// Run `iters` decisions of one subject (for callgrind): the subject whose
+/// label is `engine`, in scenario `s`, `mode`, on `world`.
+pub fn profile(world: World, s: Scenario, mode: Mode, engine: &str, iters: usize) -> Result<u64> {
+    let l = Loaded::new(world)?;
+    let mut subs = l.subjects(s, mode)?;
+    let Some(sub) = subs.iter_mut().find(|x| x.label() == engine) else {
+        let names: Vec<String> = subs.iter().map(|x| x.label()).collect();
+        bail!(
+            "no engine `{engine}` in {} {}: {names:?}",
+            s.name(),
+            mode.name()
+        );
+    };
+    let queries = l.world.hot_queries(s);
+    let mut acc = 0u64;
+    for i in 0..iters {
+        match mode {
+            Mode::Hot => {
+                let q = queries.get(i % queries.len().max(1)).copied().unwrap_or(0);
+                acc = acc.wrapping_add(profiled_region(|| sub.hot(q))?);
+            }
+            Mode::Churn => {
+                sub.stage(i)?;
+                acc = acc.wrapping_add(profiled_region(|| sub.churn(i))?);
+                sub.reset()?;
+            }
+        }
+    }
+    Ok(acc)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,8 +7,8 @@
 //!   hierarchy API, not a cached answer.
 //! - S2: the cached effective capabilities ([`Hierarchy::has_capability`]),
 //!   computed once at registration.
-//! - S3: [`resolve`] over a [`MemoryIndex`] view along the lineage (which
-//!   record wins and its owner and revision are part of the answer).
+//! - S3: [`resolve_bounded`] over a [`MemoryIndex`] view along the lineage
+//!   (which record wins and its owner and revision are part of the answer).
 //! - S4: [`preflight`] of a parsed 50-step SOP: every step checked against
 //!   the catalogue, the effective capabilities and the argument rules, one
 //!   full `Decision` per step.
@@ -24,7 +24,7 @@ use warden_core::bundle::{Policy, compile};
 use warden_core::hierarchy::{AgentSpec, Hierarchy};
 use warden_core::ids::{ActionName, AgentId, Key, Namespace};
 use warden_core::memory::{
-    MemoryIndex, MemoryRecord, RecordClass, Resolution, Visibility, resolve,
+    MemoryIndex, MemoryRecord, RecordClass, Resolution, Visibility, resolve_bounded,
 };
 use warden_core::preflight::{PreflightContext, preflight};
 use warden_core::sop::{Sop, parse_sop};
@@ -173,7 +173,7 @@ impl<'p> WardenSubject<'p> {
         };
         let view = self.state.index.view(NS, key);
         let lineage = h.lineage(idx).map(|(_, n)| n.id());
-        match resolve(reader, lineage, |o| view.get(o.as_str()), NOW) {
+        match resolve_bounded(reader, lineage, |o| view.get(o.as_str()), NOW, view.len()) {
             Resolution::Found { record, .. } => {
                 (1, Some((record.owner.to_string(), record.revision)))
             }
@@ -214,7 +214,7 @@ impl<'p> WardenSubject<'p> {
                 };
                 let view = self.state.index.view(NS, key);
                 let lineage = h.lineage(idx).map(|(_, n)| n.id());
-                match resolve(agent, lineage, |o| view.get(o.as_str()), NOW) {
+                match resolve_bounded(agent, lineage, |o| view.get(o.as_str()), NOW, view.len()) {
                     Resolution::Found { record, .. } => {
                         std::hint::black_box(record);
                         1
