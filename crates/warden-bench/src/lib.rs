@@ -246,8 +246,29 @@ pub fn profiled_region<T>(f: impl FnOnce() -> T) -> T {
 /// Run `iters` decisions of one subject (for callgrind): the subject whose
 /// label is `engine`, in scenario `s`, `mode`, on `world`.
 pub fn profile(world: World, s: Scenario, mode: Mode, engine: &str, iters: usize) -> Result<u64> {
+    if engine == "warden" {
+        // Warden alone (loading a 10^6-agent world into Cedar and Rego under
+        // valgrind would take most of an hour).
+        let policy = warden_engine::policy()?;
+        let state = warden_engine::load(&policy, &world)?;
+        let world = Arc::new(world);
+        let sub = warden_engine::WardenSubject::new(&policy, state, &world, s, "warden")?;
+        let mut subs: Vec<Box<dyn Subject + '_>> = vec![Box::new(sub)];
+        return profile_loop(&world, s, mode, &mut subs, engine, iters);
+    }
     let l = Loaded::new(world)?;
     let mut subs = l.subjects(s, mode)?;
+    profile_loop(&l.world, s, mode, &mut subs, engine, iters)
+}
+
+fn profile_loop(
+    world: &World,
+    s: Scenario,
+    mode: Mode,
+    subs: &mut [Box<dyn Subject + '_>],
+    engine: &str,
+    iters: usize,
+) -> Result<u64> {
     let Some(sub) = subs.iter_mut().find(|x| x.label() == engine) else {
         let names: Vec<String> = subs.iter().map(|x| x.label()).collect();
         bail!(
@@ -256,7 +277,7 @@ pub fn profile(world: World, s: Scenario, mode: Mode, engine: &str, iters: usize
             mode.name()
         );
     };
-    let queries = l.world.hot_queries(s);
+    let queries = world.hot_queries(s);
     let mut acc = 0u64;
     for i in 0..iters {
         match mode {

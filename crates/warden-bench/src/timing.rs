@@ -154,20 +154,25 @@ pub fn measure(
             next_k: first_k,
         });
     }
-    // Calibrate (and warm up): grow the batch until it lasts batch_ns.
+    // Warm up (a fresh state's first decisions pay page faults and cold
+    // caches), then grow the batch until one lasts batch_ns, judging each
+    // size by the best of three samples so one slow sample cannot stop the
+    // growth early (a batch of 1 would measure the timer, not the engine).
     for r in runners.iter_mut() {
+        for _ in 0..5 {
+            r.sample(mode, queries)?;
+        }
         let mut est;
         loop {
-            let start = Instant::now();
-            let per = r.sample(mode, queries)?;
-            est = per;
-            if start.elapsed().as_nanos() as f64 >= cfg.batch_ns || r.batch >= 1 << 16 {
+            est = f64::INFINITY;
+            for _ in 0..3 {
+                est = est.min(r.sample(mode, queries)?);
+            }
+            if est * r.batch as f64 >= cfg.batch_ns || r.batch >= 1 << 16 {
                 break;
             }
             r.batch *= 2;
         }
-        // A second warm-up batch at the final size.
-        est = est.min(r.sample(mode, queries)?);
         let per_sample = est * r.batch as f64;
         r.want = cfg
             .samples
