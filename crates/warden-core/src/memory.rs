@@ -255,8 +255,28 @@ fn visible(record: &MemoryRecord, reader: &AgentId, position: usize) -> bool {
 pub fn resolve<'a, 'r, L>(
     reader: &AgentId,
     lineage: L,
+    lookup: impl FnMut(&AgentId) -> Option<&'r MemoryRecord>,
+    now: Timestamp,
+) -> Resolution<'r>
+where
+    L: IntoIterator<Item = &'a AgentId>,
+    L::IntoIter: Clone,
+{
+    resolve_bounded(reader, lineage, lookup, now, usize::MAX)
+}
+
+/// [`resolve`], for a caller that knows how many records exist at the key
+/// (`records_at_key`, e.g. [`KeyView::len`]): once the walk has met that
+/// many, no level above can hold another, so it stops there. Same answer as
+/// [`resolve`]; the walk goes only as far as the farthest record on the
+/// lineage instead of always to the root (a policy record could otherwise
+/// be waiting further up).
+pub fn resolve_bounded<'a, 'r, L>(
+    reader: &AgentId,
+    lineage: L,
     mut lookup: impl FnMut(&AgentId) -> Option<&'r MemoryRecord>,
     now: Timestamp,
+    records_at_key: usize,
 ) -> Resolution<'r>
 where
     L: IntoIterator<Item = &'a AgentId>,
@@ -268,8 +288,15 @@ where
     let mut nearest: Option<(usize, &'r MemoryRecord)> = None;
     let mut has_policy = false;
     let mut expired_own = false;
+    let mut seen = 0usize;
+    let mut walked = 0usize;
     for (position, owner) in lineage.clone().enumerate() {
+        if seen >= records_at_key {
+            break;
+        }
+        walked = position + 1;
         if let Some(record) = lookup(owner) {
+            seen += 1;
             if record.expired(now) {
                 expired_own |= position == 0;
                 continue;
@@ -287,6 +314,7 @@ where
 
     if has_policy {
         let levels: Vec<(usize, &'r MemoryRecord)> = lineage
+            .take(walked)
             .enumerate()
             .filter_map(|(pos, owner)| lookup(owner).map(|r| (pos, r)))
             .filter(|(pos, r)| {
@@ -444,7 +472,7 @@ impl MemoryIndex {
     }
 
     /// A lookup for one `namespace.key`: `owner → record`. Resolve with
-    /// `resolve(reader, lineage, |o| view.get(o.as_str()), now)`.
+    /// `resolve_bounded(reader, lineage, |o| view.get(o.as_str()), now, view.len())`.
     #[inline]
     pub fn view(&self, namespace: &str, key: &str) -> KeyView<'_> {
         KeyView(self.by_key.get(namespace).and_then(|m| m.get(key)))
@@ -524,6 +552,23 @@ impl<'a> KeyView<'a> {
     #[inline]
     pub fn get(&self, owner: &str) -> Option<&'a MemoryRecord> {
         self.0.and_then(|s| s.get(owner))
+    }
+
+    /// How many records (of any owner) the key holds: the bound for
+    /// [`resolve_bounded`].
+    #[inline]
+    pub fn len(&self) -> usize {
+        match self.0 {
+            None => 0,
+            Some(Slot::Few(v)) => v.len(),
+            Some(Slot::Many(m)) => m.len(),
+        }
+    }
+
+    /// Whether the key holds no record.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -913,6 +958,43 @@ mod tests {
         assert_eq!(idx.len(), 39);
         assert_eq!(idx.iter().count(), 39);
         assert!(idx.view("ns", "other").get("o1").is_none());
+    }
+
+    proptest::proptest! {
+        /// Stopping once every record of the key has been met never
+        /// changes the answer.
+        #[test]
+        fn bounded_resolve_agrees_with_the_full_walk(
+            depth in 1usize..12,
+            recs in proptest::collection::vec((0usize..16, 0u8..3, 0u8..4, proptest::bool::ANY), 0..10),
+            reader_at in 0usize..12,
+        ) {
+            let lineage: Vec<AgentId> = (0..depth).map(|i| id(&format!("a{i}"))).collect();
+            let mut records: Vec<MemoryRecord> = Vec::new();
+            for (owner, vis, class, flag) in recs {
+                // Owners 0..depth sit on the lineage, the rest off it.
+                let owner = format!("a{owner}");
+                if records.iter().any(|r| r.owner.as_str() == owner) {
+                    continue;
+                }
+                let vis = [Visibility::Private, Visibility::Children, Visibility::Descendants][vis as usize];
+                let (class, value) = match class {
+                    0 => (RecordClass::Preference, json!(1)),
+                    1 => (RecordClass::Policy { combine: if flag { Combinator::All } else { Combinator::Any } }, json!(flag)),
+                    2 => (RecordClass::Secret { grants: vec![id("a0")] }, json!("s")),
+                    _ => (RecordClass::Task { expires_at: Some(Timestamp(if flag { 50 } else { 500 })) }, json!(2)),
+                };
+                let vis = if matches!(class, RecordClass::Secret { .. } | RecordClass::Task { .. }) { Visibility::Private } else { vis };
+                records.push(rec(&owner, value, vis, class));
+            }
+            let start = reader_at.min(depth - 1);
+            let walk = &lineage[start..];
+            let reader = &walk[0];
+            let lookup = |o: &AgentId| records.iter().find(|r| &r.owner == o);
+            let full = resolve(reader, walk.iter(), lookup, Timestamp(100));
+            let bounded = resolve_bounded(reader, walk.iter(), lookup, Timestamp(100), records.len());
+            proptest::prop_assert_eq!(full, bounded);
+        }
     }
 
     #[test]
