@@ -13,6 +13,11 @@
 //! The engine keeps the agent hierarchy (with cached effective capabilities)
 //! in memory for the hot paths and persists every change before applying it
 //! to the cache. Memory records, runs and the decision log live in the store.
+//! Several engines (servers) may share one store: each applies the others'
+//! hierarchy changes to its cache with [`Engine::apply_agents`] or
+//! [`Engine::reload_agents`] without recording them again, and looks an
+//! agent it has not cached up in the store before refusing a request that
+//! names it ([`Engine::refresh_agent`]).
 //! Identity is an argument of every call: the server derives it from the
 //! bearer token; an embedding program from its own runtime context. Nothing
 //! in a request body or SOP can change it.
