@@ -131,6 +131,10 @@ macro_rules! identifier {
     };
 }
 
+/// Defines an identifier newtype with the crate-wide rules; used here and by
+/// the envelope identifiers.
+pub(crate) use identifier;
+
 identifier!(
     /// The stable runtime identity of an agent.
     AgentId
