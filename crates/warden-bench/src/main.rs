@@ -403,8 +403,8 @@ fn run() -> Result<()> {
     let mut md = String::new();
     md.push_str(&format!(
         "Machine: {}, {} cores; {} run(s); {} agents besides the chain.\n\n",
-        meta["cpu"].as_str().unwrap_or("?"),
-        meta["cores"],
+        meta.get("cpu").and_then(|v| v.as_str()).unwrap_or("?"),
+        meta.get("cores").cloned().unwrap_or_default(),
         args.runs,
         args.agents
     ));

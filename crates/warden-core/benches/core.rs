@@ -2,7 +2,12 @@
 //! depth and record count, and whole-SOP preflight by length.
 //!
 //! `cargo bench -p warden-core --bench core`
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use std::hint::black_box;
 

@@ -17,7 +17,6 @@
 //! - [`sop`]: strict SOP parsing.
 //! - [`lockdown`]: the delegation write-surface predicate and config checks.
 //! - [`envelope`]: context envelopes, aggregation, delegation, signatures.
-#![cfg_attr(not(test), warn(missing_docs))]
 
 pub mod audit;
 pub mod bundle;

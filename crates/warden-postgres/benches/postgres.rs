@@ -12,7 +12,12 @@
 //! Throughput is reported per put (criterion's `elem/s`); with 8 clients a
 //! measured iteration is one put by whichever client, so `elem/s` is the
 //! total rate across clients.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -37,7 +37,6 @@
 //!
 //! Routes, statuses and error codes: see [`ROUTES`], [`error`] and the
 //! document served at `/openapi.json`.
-#![cfg_attr(not(test), warn(missing_docs))]
 
 pub mod auth;
 pub mod body;

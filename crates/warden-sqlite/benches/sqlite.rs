@@ -9,7 +9,12 @@
 //!
 //! Run briefly with
 //! `cargo bench -p warden-sqlite --bench sqlite -- --warm-up-time 1 --measurement-time 3`.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use std::hint::black_box;
 use std::sync::Arc;

@@ -40,6 +40,7 @@
     clippy::unwrap_used,
     clippy::expect_used,
     clippy::panic,
+    clippy::indexing_slicing,
     reason = "the conformance suite is test code: a failed check panics"
 )]
 

@@ -12,7 +12,12 @@
 //!   the in-memory store, with and without a `context:` section (the
 //!   difference is the envelope's cost in the engine: two envelope reads,
 //!   one compare-and-set write and one more audit entry per step).
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use std::hint::black_box;
 use std::sync::Arc;

@@ -1,7 +1,12 @@
 //! The `warden` binary, run as a process: `serve` startup output, operator
 //! token source, a real request, shutdown on SIGTERM, and the startup
 //! errors a user meets first.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

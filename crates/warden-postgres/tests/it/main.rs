@@ -5,7 +5,12 @@
 //! the test prints `skipped: WARDEN_TEST_DATABASE_URL is not set` and
 //! passes. Each test works in its own fresh schema (`wtest_...`), dropped
 //! when the test ends, so runs never collide.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 #[macro_use]
 mod support;

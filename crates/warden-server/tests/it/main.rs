@@ -1,6 +1,11 @@
 //! Server integration tests: one binary, modules by topic. Every test
 //! starts the real server on `127.0.0.1:0` and talks HTTP to it.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 mod bad_input;
 mod context;

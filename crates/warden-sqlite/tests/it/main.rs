@@ -1,6 +1,11 @@
 //! Integration tests of the SQLite backend: the conformance suite, bad
 //! input, crash safety, races, tampering and reopening.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 mod bad_input;
 mod context;

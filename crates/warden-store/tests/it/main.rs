@@ -1,6 +1,11 @@
 //! Integration tests of warden-store: the in-memory store passes the
 //! conformance suite, and the verifier detects tampering with it.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 mod tamper;
 

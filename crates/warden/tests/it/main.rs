@@ -1,5 +1,10 @@
 //! Engine integration tests: one binary, modules by topic.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 mod acceptance;
 mod adversarial;
