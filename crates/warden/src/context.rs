@@ -108,7 +108,8 @@ use warden_store::{
     Store,
 };
 
-use crate::engine::{Caller, Engine, RegisterAgent, engine_reasons as er, ops, random_id};
+use crate::agents::RegisterAgent;
+use crate::engine::{Caller, Engine, engine_reasons as er, ops, random_id};
 use crate::error::EngineError;
 use crate::runs::StepGate;
 

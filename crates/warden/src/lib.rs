@@ -28,19 +28,22 @@
 //! and only listed declassifiers can lower it: the semantics are in
 //! [`context`].
 
+mod admission;
+mod agents;
 mod clock;
 pub mod context;
 mod engine;
 mod error;
+mod memory;
 mod runs;
 
+pub use admission::Admission;
+pub use agents::{AgentView, AppliedAgents, RegisterAgent};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use context::{DeclassifyOutcome, DelegationOptions, ReviewOutcome};
-pub use engine::{
-    Admission, AgentView, AppliedAgents, Caller, DeleteResult, Engine, ReadOutcome, RegisterAgent,
-    ResolvedValue, WriteOutcome, WriteRequest, engine_reasons, ops,
-};
+pub use engine::{Caller, Engine, engine_reasons, ops};
 pub use error::EngineError;
+pub use memory::{DeleteResult, ReadOutcome, ResolvedValue, WriteOutcome, WriteRequest};
 pub use runs::{
     Handler, HandlerCall, HandlerError, HandlerFuture, Handlers, RunReport, StepGate, StepReport,
     StepResult,

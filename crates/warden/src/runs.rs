@@ -23,11 +23,11 @@ use warden_core::preflight::{MEMORY_READ, MEMORY_WRITE, Preflight};
 use warden_core::sop::Sop;
 use warden_store::{RecordStep, RunRecord, RunState, StepOutcome, StepStatus, Store};
 
+use crate::admission::Admission;
 use crate::context::Folded;
-use crate::engine::{
-    Admission, Engine, WriteRequest, capability_reason, engine_reasons as er, ops,
-};
+use crate::engine::{Engine, capability_reason, engine_reasons as er, ops};
 use crate::error::EngineError;
+use crate::memory::WriteRequest;
 
 /// Everything a handler gets for one call.
 #[derive(Debug, Clone)]

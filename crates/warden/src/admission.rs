@@ -1,0 +1,212 @@
+//! SOPs: preflight, validation and admission of runs.
+
+use serde_json::{Value, json};
+use warden_core::audit::AuditDraft;
+use warden_core::audit::Digest;
+use warden_core::canonical::to_canonical;
+use warden_core::decision::{Reason, Verdict};
+use warden_core::ids::{AgentId, RunId};
+use warden_core::preflight::{Preflight, PreflightContext, preflight};
+use warden_core::sop::Sop;
+use warden_store::{CreateRun, RunRecord, RunStep, Store};
+
+use crate::error::EngineError;
+
+use crate::engine::{Caller, Engine, engine_reasons as er, ops, random_id};
+
+impl<S: Store> Engine<S> {
+    // ------------------------------------------------------------------
+    // SOPs
+    // ------------------------------------------------------------------
+
+    /// Preflight `sop` for `actor` without recording anything (offline
+    /// checks, `warden check`).
+    pub fn preflight(&self, actor: &AgentId, sop: &Sop) -> Result<Preflight, EngineError> {
+        let now = self.now();
+        let state = self.read_state()?;
+        let ctx = PreflightContext {
+            hierarchy: &state.hierarchy,
+            catalogue: &self.inner.policy.catalogue,
+            policy_version: &self.inner.policy.version,
+        };
+        Ok(preflight(&ctx, actor, sop, now))
+    }
+
+    /// Preflight `sop` for `actor` and record every step's decision.
+    pub async fn validate_sop(&self, actor: &AgentId, sop: &Sop) -> Result<Preflight, EngineError> {
+        let result = self.preflight(actor, sop)?;
+        let drafts = result
+            .steps
+            .iter()
+            .map(|s| {
+                self.draft(&s.decision)
+                    .with_details(violations_details(&s.violations))
+            })
+            .collect();
+        self.inner.store.append_audit(drafts).await?;
+        Ok(result)
+    }
+
+    /// Admit `sop` as a run. A rejected SOP creates no run and runs nothing;
+    /// every step's decision is recorded either way. A reused `run_id` with
+    /// the same SOP and agent returns the existing run (idempotent).
+    ///
+    /// With a `context:` policy the run gets its own envelope: a new, empty
+    /// root, or, for an agent holding an inherited envelope, one delegated
+    /// from it (same restrictions, sensitivity at least as high). A step the
+    /// starting restrictions already deny (`restricted_by:…`) rejects the
+    /// whole SOP here, since restrictions never shrink. Admission stays
+    /// all-or-nothing over what is known up front: later steps can still be
+    /// denied or escalated by what earlier steps accumulate.
+    pub async fn admit_run(
+        &self,
+        actor: &AgentId,
+        sop: &Sop,
+        run_id: Option<RunId>,
+    ) -> Result<Admission, EngineError> {
+        let now = self.now();
+        let caller = Caller::Agent(actor.clone());
+        let mut result = self.preflight(actor, sop)?;
+        let run_id = match run_id {
+            Some(r) => r,
+            None => new_run_id()?,
+        };
+        let sop_value = serde_json::to_value(sop).map_err(|e| EngineError::Invalid {
+            field: "sop".into(),
+            message: e.to_string(),
+        })?;
+        let sop_hash = Digest::of(&to_canonical(&sop_value));
+        let mut opened = None;
+        if result.admitted && self.context_policy().is_some() {
+            // An existing run keeps its envelope: open none for it.
+            if let Some(state) = self.inner.store.get_run(run_id.clone()).await? {
+                return existing_admission(state, actor, sop_hash, result, &run_id);
+            }
+            let (envelope, draft) = self.open_run_envelope(actor, &run_id, now).await?;
+            self.restrict_admission(&mut result, &envelope);
+            opened = Some((envelope, draft));
+        }
+        let mut drafts: Vec<AuditDraft> = result
+            .steps
+            .iter()
+            .map(|s| {
+                self.draft(&s.decision)
+                    .with_details(violations_details(&s.violations))
+            })
+            .collect();
+        if !result.admitted {
+            let d = self.decision(
+                &caller,
+                Verdict::Deny,
+                er::RUN_REJECTED,
+                ops::RUN_ADMIT,
+                sop.sop_id.to_string(),
+                now,
+            );
+            drafts.push(self.draft(&d));
+            self.inner.store.append_audit(drafts).await?;
+            return Ok(Admission::Rejected(result));
+        }
+        let steps: Vec<RunStep> = sop
+            .steps
+            .iter()
+            .filter_map(|s| {
+                s.step_id.clone().map(|step_id| RunStep {
+                    operation_id: format!("{run_id}:{step_id}"),
+                    step_id,
+                    action: s.action.clone(),
+                })
+            })
+            .collect();
+        let record = RunRecord {
+            run_id: run_id.clone(),
+            agent: actor.clone(),
+            sop_hash,
+            sop: sop_value,
+            steps,
+            policy_version: self.inner.policy.version.clone(),
+            created_at: now,
+            envelope_id: opened.as_ref().map(|(e, _)| e.envelope_id().clone()),
+        };
+        let d = self.decision(
+            &caller,
+            Verdict::Allow,
+            er::RUN_ADMITTED,
+            ops::RUN_ADMIT,
+            run_id.to_string(),
+            now,
+        );
+        drafts.push(
+            self.draft(&d).with_details(
+                json!({"sop_id": sop.sop_id.as_str(), "sop_hash": sop_hash.to_hex()}),
+            ),
+        );
+        if let Some((envelope, draft)) = opened {
+            // The envelope first (inert until the run names it); its opening
+            // is recorded with the admission.
+            self.create_envelope(envelope.to_record()).await?;
+            drafts.push(draft);
+        }
+        match self.inner.store.create_run(record.clone(), drafts).await? {
+            CreateRun::Created => Ok(Admission::Admitted {
+                run: record,
+                preflight: result,
+                existing: false,
+            }),
+            CreateRun::Existing(state) => {
+                existing_admission(*state, actor, sop_hash, result, &run_id)
+            }
+        }
+    }
+}
+
+/// The admission of a run that already exists under `run_id`: the same run
+/// if the SOP and agent match, a conflict otherwise.
+fn existing_admission(
+    state: warden_store::RunState,
+    actor: &AgentId,
+    sop_hash: Digest,
+    preflight: Preflight,
+    run_id: &RunId,
+) -> Result<Admission, EngineError> {
+    if state.run.sop_hash == sop_hash && &state.run.agent == actor {
+        Ok(Admission::Admitted {
+            run: state.run,
+            preflight,
+            existing: true,
+        })
+    } else {
+        Err(EngineError::RunIdConflict(run_id.to_string()))
+    }
+}
+
+/// The result of admitting a run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Admission {
+    /// Admitted (or already admitted with the same SOP).
+    Admitted {
+        /// The run.
+        run: RunRecord,
+        /// Every step's decision.
+        preflight: Preflight,
+        /// Whether the run existed already.
+        existing: bool,
+    },
+    /// Rejected: nothing will run.
+    Rejected(Preflight),
+}
+
+fn violations_details(v: &[Reason]) -> Value {
+    if v.len() <= 1 {
+        Value::Null
+    } else {
+        json!({"violations": v.iter().map(|r| r.as_str()).collect::<Vec<_>>()})
+    }
+}
+
+fn new_run_id() -> Result<RunId, EngineError> {
+    RunId::parse(&random_id("run")?).map_err(|e| EngineError::Invalid {
+        field: "run_id".into(),
+        message: e.to_string(),
+    })
+}
