@@ -1,0 +1,333 @@
+//! Escalations: holding a request for review, approving and rejecting it,
+//! and consuming an approval exactly once.
+
+use serde_json::{Value, json};
+use warden_core::decision::{Decision, Reason, Subject, Verdict};
+use warden_core::envelope::{ContextDecision, Envelope};
+use warden_core::ids::RunId;
+use warden_core::time::Timestamp;
+use warden_store::{
+    EscalationRecord, EscalationResolution, EscalationStatus, EscalationTarget, PutEscalation,
+    RecordStep, ResolveEscalation, StepOutcome, StepStatus, Store,
+};
+
+use crate::engine::{Caller, Engine, engine_reasons as er, ops, random_id};
+use crate::error::EngineError;
+
+use super::*;
+
+impl<S: Store> Engine<S> {
+    // ------------------------------------------------------------------
+    // Escalations
+    // ------------------------------------------------------------------
+
+    /// Use the approval of `target`, recording `decision` (the request
+    /// proceeding) if there was one. Whether there was.
+    pub(super) async fn consume_approval(
+        &self,
+        target: EscalationTarget,
+        decision: &Decision,
+        details: Value,
+        now: Timestamp,
+    ) -> Result<bool, EngineError> {
+        let proceed = self.draft(decision).with_details(details);
+        let consumed = self.decision(
+            &decision.subject,
+            Verdict::Allow,
+            er::ESCALATION_CONSUMED,
+            &decision.operation,
+            decision.resource.clone(),
+            now,
+        );
+        let consumed = self.draft(&consumed);
+        let used = self
+            .inner
+            .store
+            .consume_escalation(
+                target,
+                now,
+                Box::new(move |o| match o {
+                    None => Vec::new(),
+                    Some(e) => {
+                        let who = json!({
+                            "escalation_id": e.escalation_id,
+                            "approved_by": e.resolved_by,
+                        });
+                        vec![
+                            consumed.with_details(who.clone()),
+                            proceed.with_details(who),
+                        ]
+                    }
+                }),
+            )
+            .await?;
+        Ok(used.is_some())
+    }
+
+    /// Hold a request for review: the pending escalation of `target` (a new
+    /// one, or the one already open) and the recorded `escalate` decision.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the escalation record is built from the request's parts, shared by steps and delegations"
+    )]
+    pub(super) async fn open_escalation(
+        &self,
+        target: EscalationTarget,
+        caller: &Caller,
+        operation: &str,
+        resource: String,
+        envelope: &Envelope,
+        cd: &ContextDecision,
+        now: Timestamp,
+    ) -> Result<(Decision, String), EngineError> {
+        let mut d = self.decision(
+            caller,
+            Verdict::Escalate,
+            cd.reason.clone(),
+            operation,
+            resource.clone(),
+            now,
+        );
+        d.obligations = cd.obligations.to_vec();
+        let id = random_id("esc")?;
+        let record = EscalationRecord {
+            escalation_id: id.clone(),
+            target,
+            requested_by: caller.clone(),
+            operation: operation.to_owned(),
+            resource,
+            reason: cd.reason.clone(),
+            envelope_id: Some(envelope.envelope_id().clone()),
+            envelope_version: Some(envelope.version()),
+            classification: cd.projected_sensitivity,
+            obligations: d.obligations.clone(),
+            status: EscalationStatus::Pending,
+            created_at: now,
+            resolved_by: None,
+            resolved_at: None,
+            rejection_reason: None,
+            consumed_at: None,
+        };
+        let draft = self.draft(&d).with_details(context_details(envelope, cd));
+        let new_id = id.clone();
+        let out = self
+            .inner
+            .store
+            .put_escalation(
+                record,
+                Box::new(move |o| {
+                    let (id, created) = match o {
+                        PutEscalation::Created => (new_id, true),
+                        PutEscalation::Existing(e) => (e.escalation_id.clone(), false),
+                    };
+                    vec![draft.with_details(json!({"escalation_id": id, "created": created}))]
+                }),
+            )
+            .await?;
+        let id = match out {
+            PutEscalation::Created => id,
+            PutEscalation::Existing(e) => e.escalation_id,
+        };
+        Ok((d, id))
+    }
+
+    /// Escalations with `status` (every one when `None`), oldest first.
+    pub async fn list_escalations(
+        &self,
+        status: Option<EscalationStatus>,
+    ) -> Result<Vec<EscalationRecord>, EngineError> {
+        Ok(self.inner.store.list_escalations(status).await?)
+    }
+
+    /// One escalation.
+    pub async fn escalation(&self, escalation_id: &str) -> Result<EscalationRecord, EngineError> {
+        self.inner
+            .store
+            .get_escalation(escalation_id.to_owned())
+            .await?
+            .ok_or_else(|| EngineError::UnknownEscalation(escalation_id.to_owned()))
+    }
+
+    /// Whether `reviewer` may review `e`: the operator, or an active
+    /// ancestor of the requesting agent; never the requester itself.
+    pub(super) fn may_review(
+        &self,
+        reviewer: &Caller,
+        e: &EscalationRecord,
+    ) -> Result<bool, EngineError> {
+        match (reviewer, &e.requested_by) {
+            (Subject::Operator, _) => Ok(true),
+            (Subject::Agent(_), Subject::Operator) => Ok(false),
+            (Subject::Agent(_), Subject::Agent(requester)) => {
+                self.may_manage(reviewer, requester, false)
+            }
+        }
+    }
+
+    /// Approve a pending escalation: the request it holds proceeds once,
+    /// the next time it is made. Recorded with the approver.
+    pub async fn approve_escalation(
+        &self,
+        escalation_id: &str,
+        approver: &Caller,
+    ) -> Result<ReviewOutcome, EngineError> {
+        self.review(escalation_id, approver, EscalationResolution::Approve)
+            .await
+    }
+
+    /// Reject a pending escalation with a reason (non-empty, at most 1024
+    /// bytes, no control characters). A held step is recorded `Denied`
+    /// (`escalation_rejected`) and its run stops.
+    pub async fn reject_escalation(
+        &self,
+        escalation_id: &str,
+        approver: &Caller,
+        reason: &str,
+    ) -> Result<ReviewOutcome, EngineError> {
+        check_text("reason", reason)?;
+        self.review(
+            escalation_id,
+            approver,
+            EscalationResolution::Reject {
+                reason: reason.to_owned(),
+            },
+        )
+        .await
+    }
+
+    pub(super) async fn review(
+        &self,
+        escalation_id: &str,
+        reviewer: &Caller,
+        resolution: EscalationResolution,
+    ) -> Result<ReviewOutcome, EngineError> {
+        let now = self.now();
+        let current = self.escalation(escalation_id).await?;
+        let (operation, reason) = match resolution {
+            EscalationResolution::Approve => (ops::ESCALATION_APPROVE, er::ESCALATION_APPROVED),
+            EscalationResolution::Reject { .. } => {
+                (ops::ESCALATION_REJECT, er::ESCALATION_REJECTED)
+            }
+        };
+        let target = json!({"target": current.target, "requested_by": current.requested_by});
+        let refuse = |reason: Reason| {
+            self.decision(
+                reviewer,
+                Verdict::Deny,
+                reason,
+                operation,
+                escalation_id.to_owned(),
+                now,
+            )
+        };
+        if !self.may_review(reviewer, &current)? {
+            let d = refuse(er::ESCALATION_REVIEWER_NOT_AUTHORIZED);
+            self.inner
+                .store
+                .append_audit(vec![self.draft(&d).with_details(target)])
+                .await?;
+            return Ok(ReviewOutcome {
+                decision: d,
+                escalation: current,
+            });
+        }
+        let allow = self.decision(
+            reviewer,
+            if reason == er::ESCALATION_APPROVED {
+                Verdict::Allow
+            } else {
+                Verdict::Deny
+            },
+            reason,
+            operation,
+            escalation_id.to_owned(),
+            now,
+        );
+        let not_pending = refuse(er::ESCALATION_NOT_PENDING);
+        let (a, n) = (self.draft(&allow), self.draft(&not_pending));
+        let rejection = match &resolution {
+            EscalationResolution::Reject { reason } => Some(reason.clone()),
+            EscalationResolution::Approve => None,
+        };
+        let out = self
+            .inner
+            .store
+            .resolve_escalation(
+                escalation_id.to_owned(),
+                resolution,
+                reviewer.clone(),
+                now,
+                Box::new(move |o| match o {
+                    ResolveEscalation::Resolved(e) => vec![a.with_details(json!({
+                        "target": e.target,
+                        "requested_by": e.requested_by,
+                        "reviewer": e.resolved_by,
+                        "rejection_reason": rejection,
+                        "classification": e.classification,
+                    }))],
+                    ResolveEscalation::NotPending(e) => {
+                        vec![n.with_details(json!({"status": e.status}))]
+                    }
+                    ResolveEscalation::NotFound => Vec::new(),
+                }),
+            )
+            .await?;
+        match out {
+            ResolveEscalation::NotFound => {
+                Err(EngineError::UnknownEscalation(escalation_id.to_owned()))
+            }
+            ResolveEscalation::NotPending(e) => Ok(ReviewOutcome {
+                decision: not_pending,
+                escalation: *e,
+            }),
+            ResolveEscalation::Resolved(e) => {
+                if e.status == EscalationStatus::Rejected
+                    && let EscalationTarget::Step { run_id, step_id } = &e.target
+                {
+                    self.deny_rejected_step(&e, run_id, step_id, now).await?;
+                }
+                Ok(ReviewOutcome {
+                    decision: allow,
+                    escalation: *e,
+                })
+            }
+        }
+    }
+
+    /// A rejected step: recorded `Denied`, the run stops.
+    pub(super) async fn deny_rejected_step(
+        &self,
+        e: &EscalationRecord,
+        run_id: &RunId,
+        step_id: &warden_core::ids::StepId,
+        now: Timestamp,
+    ) -> Result<(), EngineError> {
+        let d = self.decision(
+            &e.requested_by,
+            Verdict::Deny,
+            er::ESCALATION_REJECTED,
+            ops::STEP_BEGIN,
+            e.resource.clone(),
+            now,
+        );
+        let outcome = StepOutcome {
+            status: StepStatus::Denied,
+            result: None,
+            error: Some(er::ESCALATION_REJECTED.to_string()),
+            labels: Vec::new(),
+            recorded_at: now,
+        };
+        let draft = self.draft(&d).with_details(json!({
+            "escalation_id": e.escalation_id,
+            "rejected_by": e.resolved_by,
+        }));
+        match self
+            .inner
+            .store
+            .record_step(run_id.clone(), step_id.clone(), outcome, vec![draft])
+            .await?
+        {
+            RecordStep::Recorded | RecordStep::AlreadyRecorded(_) => Ok(()),
+        }
+    }
+}

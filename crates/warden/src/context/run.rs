@@ -1,0 +1,290 @@
+//! A run's envelope: opened at admission, the gate of each step against
+//! it, and the fold of each step's labels.
+
+use std::collections::BTreeSet;
+
+use serde_json::{Value, json};
+use warden_core::audit::AuditDraft;
+use warden_core::decision::{Decision, Verdict};
+use warden_core::envelope::{ContextRequest, Envelope, EnvelopeError, WorkflowId, decide};
+use warden_core::ids::{AgentId, Label, RunId};
+use warden_core::preflight::Preflight;
+use warden_core::time::Timestamp;
+use warden_store::{
+    EscalationTarget, PutEnvelope, RunRecord, RunStep, StepOutcome, StepStatus, Store,
+};
+
+use crate::engine::{Caller, Engine, engine_reasons as er, ops};
+use crate::error::EngineError;
+use crate::runs::StepGate;
+
+use super::*;
+
+impl<S: Store> Engine<S> {
+    // ------------------------------------------------------------------
+    // Runs
+    // ------------------------------------------------------------------
+
+    /// A new envelope for run `run_id` of `actor`, and the entry recording
+    /// its opening. Not stored yet.
+    pub(crate) async fn open_run_envelope(
+        &self,
+        actor: &AgentId,
+        run_id: &RunId,
+        now: Timestamp,
+    ) -> Result<(Envelope, AuditDraft), EngineError> {
+        let policy = self
+            .context_policy()
+            .ok_or_else(|| EngineError::NoEnvelope(run_id.to_string()))?;
+        let caller = Caller::Agent(actor.clone());
+        let inherited = self.read_state()?.envelopes.get(actor).cloned();
+        let id = new_envelope_id()?;
+        let extra = json!({"run_id": run_id});
+        match inherited {
+            Some(source) => {
+                let source = self.load_envelope(policy, &source).await?;
+                let (envelope, t) = source.delegate(policy, actor.clone(), id, &[], false)?;
+                let draft = self.transition_draft(&caller, ops::CONTEXT_OPEN, &t, extra, now);
+                Ok((envelope, draft))
+            }
+            None => {
+                let workflow = WorkflowId::parse(run_id.as_str())
+                    .map_err(|e| identifier_error("run_id", e))?;
+                let envelope = Envelope::root(policy, id, workflow, actor.clone());
+                let d = self.decision(
+                    &caller,
+                    Verdict::Allow,
+                    er::CONTEXT_CREATED,
+                    ops::CONTEXT_OPEN,
+                    envelope.envelope_id().to_string(),
+                    now,
+                );
+                let draft = self.draft(&d).with_details(json!({
+                    "run_id": run_id,
+                    "envelope_id": envelope.envelope_id(),
+                    "workflow_id": envelope.workflow_id(),
+                    "agent_id": envelope.agent_id(),
+                    "version": envelope.version(),
+                    "classification": envelope.aggregate_sensitivity(),
+                }));
+                Ok((envelope, draft))
+            }
+        }
+    }
+
+    /// Deny, at admission, every step the starting envelope's restrictions
+    /// deny: they could never run.
+    pub(crate) fn restrict_admission(&self, result: &mut Preflight, envelope: &Envelope) {
+        let Some(policy) = self.context_policy() else {
+            return;
+        };
+        for check in result.steps.iter_mut() {
+            if !check.decision.permits() {
+                continue;
+            }
+            let cd = decide(
+                envelope,
+                policy,
+                &ContextRequest::Action(self.action_ref(&check.action)),
+            );
+            if is_permanent(&cd) {
+                check.decision.verdict = Verdict::Deny;
+                check.decision.reason = cd.reason.clone();
+                check.violations.push(cd.reason);
+                result.admitted = false;
+            }
+        }
+    }
+
+    /// The context gate of one step, after the structural checks passed.
+    /// `None`: the run has no envelope (no context policy).
+    pub(crate) async fn gate_step(
+        &self,
+        actor: &AgentId,
+        run: &RunRecord,
+        step: &RunStep,
+        now: Timestamp,
+    ) -> Result<Option<StepGate>, EngineError> {
+        let (Some(policy), Some(envelope_id)) = (self.context_policy(), &run.envelope_id) else {
+            return Ok(None);
+        };
+        let caller = Caller::Agent(actor.clone());
+        let resource = format!("{}:{}", run.run_id, step.step_id);
+        let envelope = self.load_envelope(policy, envelope_id).await?;
+        let cd = decide(
+            &envelope,
+            policy,
+            &ContextRequest::Action(self.action_ref(step.action.as_str())),
+        );
+        let details = context_details(&envelope, &cd);
+        let proceed = |decision: Decision| StepGate::Proceed {
+            decision,
+            operation_id: step.operation_id.clone(),
+            action: step.action.clone(),
+            arguments: crate::runs::step_arguments(run, &step.step_id),
+        };
+        match cd.verdict {
+            Verdict::Allow | Verdict::Constrain => {
+                let reason = if cd.verdict == Verdict::Allow {
+                    warden_core::decision::reasons::STEP_ALLOWED
+                } else {
+                    cd.reason.clone()
+                };
+                let mut d =
+                    self.decision(&caller, cd.verdict, reason, ops::STEP_BEGIN, resource, now);
+                d.obligations = cd.obligations.to_vec();
+                self.inner
+                    .store
+                    .append_audit(vec![self.draft(&d).with_details(details)])
+                    .await?;
+                Ok(Some(proceed(d)))
+            }
+            Verdict::Deny => {
+                let d = self.decision(
+                    &caller,
+                    Verdict::Deny,
+                    cd.reason.clone(),
+                    ops::STEP_BEGIN,
+                    resource,
+                    now,
+                );
+                self.stop_step(run, step, &d, details, now).await?;
+                Ok(Some(StepGate::Refused { decision: d }))
+            }
+            Verdict::Escalate => {
+                let target = EscalationTarget::Step {
+                    run_id: run.run_id.clone(),
+                    step_id: step.step_id.clone(),
+                };
+                let obligations = cd.obligations.to_vec();
+                let verdict = if obligations.is_empty() {
+                    Verdict::Allow
+                } else {
+                    Verdict::Constrain
+                };
+                let mut d = self.decision(
+                    &caller,
+                    verdict,
+                    er::ESCALATION_APPROVED,
+                    ops::STEP_BEGIN,
+                    resource.clone(),
+                    now,
+                );
+                d.obligations = obligations;
+                if self
+                    .consume_approval(target.clone(), &d, details.clone(), now)
+                    .await?
+                {
+                    return Ok(Some(proceed(d)));
+                }
+                let (decision, escalation_id) = self
+                    .open_escalation(
+                        target,
+                        &caller,
+                        ops::STEP_BEGIN,
+                        resource,
+                        &envelope,
+                        &cd,
+                        now,
+                    )
+                    .await?;
+                Ok(Some(StepGate::Escalated {
+                    decision,
+                    escalation_id,
+                }))
+            }
+        }
+    }
+
+    /// Record `step` as denied by `decision` (the run stops).
+    pub(super) async fn stop_step(
+        &self,
+        run: &RunRecord,
+        step: &RunStep,
+        decision: &Decision,
+        details: Value,
+        now: Timestamp,
+    ) -> Result<(), EngineError> {
+        let outcome = StepOutcome {
+            status: StepStatus::Denied,
+            result: None,
+            error: Some(decision.reason.to_string()),
+            labels: Vec::new(),
+            recorded_at: now,
+        };
+        self.inner
+            .store
+            .record_step(
+                run.run_id.clone(),
+                step.step_id.clone(),
+                outcome,
+                vec![self.draft(decision).with_details(details)],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Fold a completed (or failed) step's labels into its run's envelope,
+    /// retrying on concurrent writers. Unknown labels change nothing.
+    pub(crate) async fn fold_step(
+        &self,
+        actor: &AgentId,
+        run: &RunRecord,
+        step: &RunStep,
+        reported: &[Label],
+        now: Timestamp,
+    ) -> Result<Option<Folded>, EngineError> {
+        let (Some(policy), Some(envelope_id)) = (self.context_policy(), &run.envelope_id) else {
+            return Ok(None);
+        };
+        let caller = Caller::Agent(actor.clone());
+        let declared = self.output_labels(step.action.as_str());
+        let action = self.action_ref(step.action.as_str());
+        for _ in 0..MAX_ENVELOPE_ATTEMPTS {
+            let before = self.load_envelope(policy, envelope_id).await?;
+            let (after, t) = match before.fold(policy, reported, declared) {
+                Ok(x) => x,
+                Err(EnvelopeError::UnknownLabels { labels }) => {
+                    return Ok(Some(Folded::Unknown(labels)));
+                }
+                Err(e) => return Err(e.into()),
+            };
+            // The step as the gate saw it: its obligations and whether the
+            // run's restrictions deny it outright.
+            let cd = decide(&before, policy, &ContextRequest::Action(action));
+            let mut labels: BTreeSet<Label> = reported.iter().cloned().collect();
+            labels.extend(declared.iter().cloned());
+            if let Some(obliged) = cd.obligations.result_labels() {
+                labels.extend(obliged.iter().cloned());
+            }
+            let draft = self.transition_draft(
+                &caller,
+                ops::CONTEXT_ACCUMULATE,
+                &t,
+                json!({"run_id": run.run_id, "step_id": step.step_id}),
+                now,
+            );
+            let written = self
+                .inner
+                .store
+                .put_envelope(
+                    after.to_record(),
+                    Some(before.version()),
+                    Box::new(move |o| match o {
+                        PutEnvelope::Written => vec![draft],
+                        PutEnvelope::Conflict { .. } => Vec::new(),
+                    }),
+                )
+                .await?;
+            if written == PutEnvelope::Written {
+                return Ok(Some(Folded::Done {
+                    after,
+                    transition: Box::new(t),
+                    labels: labels.into_iter().collect(),
+                    bypassed: is_permanent(&cd),
+                }));
+            }
+        }
+        Err(EngineError::EnvelopeContention(envelope_id.to_string()))
+    }
+}
