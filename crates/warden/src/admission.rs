@@ -10,7 +10,7 @@ use warden_core::preflight::{Preflight, PreflightContext, preflight};
 use warden_core::sop::Sop;
 use warden_store::{CreateRun, RunRecord, RunStep, Store};
 
-use crate::error::EngineError;
+use crate::error::{ConflictKind, EngineError};
 
 use crate::engine::{Caller, Engine, engine_reasons as er, ops, random_id};
 
@@ -71,10 +71,7 @@ impl<S: Store> Engine<S> {
             Some(r) => r,
             None => new_run_id()?,
         };
-        let sop_value = serde_json::to_value(sop).map_err(|e| EngineError::Invalid {
-            field: "sop".into(),
-            message: e.to_string(),
-        })?;
+        let sop_value = serde_json::to_value(sop).map_err(EngineError::internal)?;
         let sop_hash = Digest::of(&to_canonical(&sop_value));
         let mut opened = None;
         if result.admitted && self.context_policy().is_some() {
@@ -176,7 +173,10 @@ fn existing_admission(
             existing: true,
         })
     } else {
-        Err(EngineError::RunIdConflict(run_id.to_string()))
+        Err(EngineError::Conflict {
+            kind: ConflictKind::RunId,
+            id: run_id.to_string(),
+        })
     }
 }
 
@@ -205,8 +205,5 @@ fn violations_details(v: &[Reason]) -> Value {
 }
 
 fn new_run_id() -> Result<RunId, EngineError> {
-    RunId::parse(&random_id("run")?).map_err(|e| EngineError::Invalid {
-        field: "run_id".into(),
-        message: e.to_string(),
-    })
+    RunId::parse(&random_id("run")?).map_err(EngineError::internal)
 }

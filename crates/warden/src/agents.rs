@@ -5,15 +5,16 @@ use std::collections::{BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use warden_core::decision::Decision;
 use warden_core::decision::{Reason, Verdict, reasons};
-use warden_core::envelope::EnvelopeId;
+use warden_core::envelope::{EnvelopeError, EnvelopeId};
 use warden_core::hierarchy::{AgentSpec, AgentStatus, HierarchyError};
 use warden_core::ids::{ActionName, AgentId, RunId};
-use warden_core::lockdown::{self, Sanitised};
+use warden_core::lockdown::{self, LockdownError, Sanitised};
 use warden_store::{Store, StoredAgent};
 
 use crate::context::DelegationOptions;
-use crate::error::EngineError;
+use crate::error::{EngineError, Missing};
 
 use crate::engine::{Caller, Engine, engine_reasons as er, ops};
 
@@ -60,6 +61,102 @@ pub struct AgentView {
     pub envelope_id: Option<EnvelopeId>,
 }
 
+/// The outcome of a registration or delegation. Every variant's decision
+/// was recorded before it was returned.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Registration {
+    /// Registered: the agent as it now stands.
+    Registered {
+        /// The decision (`agent_registered`, or a `constrain` with the
+        /// delegation's obligations).
+        decision: Decision,
+        /// The new agent.
+        agent: Box<AgentView>,
+    },
+    /// Refused; no agent was created.
+    Refused {
+        /// The deny decision.
+        decision: Decision,
+        /// What refused it.
+        refusal: RegistrationRefusal,
+    },
+    /// Held for human review; no agent was created yet. An approval lets
+    /// the same parent, child and source run through once.
+    Escalated {
+        /// The decision (verdict `escalate`).
+        decision: Decision,
+        /// The pending escalation.
+        escalation_id: String,
+    },
+}
+
+impl Registration {
+    /// The recorded decision, whatever the outcome.
+    pub fn decision(&self) -> &Decision {
+        match self {
+            Registration::Registered { decision, .. }
+            | Registration::Refused { decision, .. }
+            | Registration::Escalated { decision, .. } => decision,
+        }
+    }
+
+    /// The registered agent, if the registration went through.
+    pub fn registered(self) -> Option<AgentView> {
+        match self {
+            Registration::Registered { agent, .. } => Some(*agent),
+            _ => None,
+        }
+    }
+}
+
+/// What refused a registration.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RegistrationRefusal {
+    /// An agent may register only its own children.
+    NotOwnChild,
+    /// The calling agent is revoked.
+    CallerRevoked,
+    /// Delegation lockdown refused the child (a block write surface, the
+    /// self-edit flag, a malformed config).
+    Lockdown(LockdownError),
+    /// The hierarchy refused it (duplicate id, unknown or revoked parent,
+    /// depth, full).
+    Hierarchy(HierarchyError),
+    /// The context envelope the child would inherit denies the delegation
+    /// (`restricted_by:…`, a zone or authority rule).
+    Context,
+    /// The child's envelope could not be built as asked (an unknown
+    /// restriction named in the options).
+    Envelope(EnvelopeError),
+}
+
+/// The outcome of a revocation; its decision was recorded.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Revocation {
+    /// Revoked, with every descendant.
+    Revoked {
+        /// The decision (`revoked`).
+        decision: Decision,
+        /// The agents revoked (the target first).
+        agents: Vec<AgentId>,
+    },
+    /// The caller may not revoke it (`not_an_ancestor`); nothing changed.
+    Refused {
+        /// The deny decision.
+        decision: Decision,
+    },
+}
+
+impl Revocation {
+    /// The agents revoked, if the revocation went through.
+    pub fn revoked(self) -> Option<Vec<AgentId>> {
+        match self {
+            Revocation::Revoked { agents, .. } => Some(agents),
+            Revocation::Refused { .. } => None,
+        }
+    }
+}
+
 /// What [`Engine::apply_agents`] changed in the engine's cached hierarchy.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AppliedAgents {
@@ -101,7 +198,7 @@ impl<S: Store> Engine<S> {
         &self,
         caller: &Caller,
         req: RegisterAgent,
-    ) -> Result<AgentView, EngineError> {
+    ) -> Result<Registration, EngineError> {
         self.register_agent_with(caller, req, DelegationOptions::default())
             .await
     }
@@ -127,7 +224,7 @@ impl<S: Store> Engine<S> {
         caller: &Caller,
         mut req: RegisterAgent,
         options: DelegationOptions,
-    ) -> Result<AgentView, EngineError> {
+    ) -> Result<Registration, EngineError> {
         let _guard = self.inner.registry.lock().await;
         let now = self.now();
         let resource = req.id.to_string();
@@ -147,7 +244,10 @@ impl<S: Store> Engine<S> {
         {
             let d = deny(er::NOT_OWN_CHILD);
             self.record(&d).await?;
-            return Err(EngineError::Denied(Box::new(d)));
+            return Ok(Registration::Refused {
+                decision: d,
+                refusal: RegistrationRefusal::NotOwnChild,
+            });
         }
         if let Caller::Agent(a) = caller {
             let active = self
@@ -158,7 +258,10 @@ impl<S: Store> Engine<S> {
             if !active {
                 let d = deny(reasons::AGENT_REVOKED);
                 self.record(&d).await?;
-                return Err(EngineError::Denied(Box::new(d)));
+                return Ok(Registration::Refused {
+                    decision: d,
+                    refusal: RegistrationRefusal::CallerRevoked,
+                });
             }
         }
 
@@ -182,7 +285,10 @@ impl<S: Store> Engine<S> {
                 Err(e) => {
                     let d = deny(e.reason());
                     self.record(&d).await?;
-                    return Err(EngineError::Lockdown(e));
+                    return Ok(Registration::Refused {
+                        decision: d,
+                        refusal: RegistrationRefusal::Lockdown(e),
+                    });
                 }
                 Ok(Some(cleaned)) => {
                     let d = self.decision(
@@ -216,13 +322,20 @@ impl<S: Store> Engine<S> {
         if let Err(e) = prepared {
             let d = deny(hierarchy_reason(&e));
             self.record(&d).await?;
-            return Err(EngineError::Hierarchy(e));
+            return Ok(Registration::Refused {
+                decision: d,
+                refusal: RegistrationRefusal::Hierarchy(e),
+            });
         }
         // Context: decide the delegation against the envelope the child
         // inherits, build the child's envelope, narrow its authority.
-        let child_context = self
+        let child_context = match self
             .delegation_context(caller, &mut req, &options, now, &mut audit)
-            .await?;
+            .await?
+        {
+            Ok(context) => context,
+            Err(refused) => return Ok(refused),
+        };
         let mut d = self.decision(
             caller,
             Verdict::Allow,
@@ -264,7 +377,10 @@ impl<S: Store> Engine<S> {
             envelope_id,
         };
         self.commit_agent(spec, stored, audit).await?;
-        self.agent(&req.id)
+        Ok(Registration::Registered {
+            decision: d,
+            agent: Box::new(self.agent(&req.id)?),
+        })
     }
 
     /// Register a child of `parent` (delegation): the child's effective
@@ -274,7 +390,7 @@ impl<S: Store> Engine<S> {
         &self,
         parent: &AgentId,
         req: RegisterAgent,
-    ) -> Result<AgentView, EngineError> {
+    ) -> Result<Registration, EngineError> {
         self.delegate_with(parent, req, DelegationOptions::default())
             .await
     }
@@ -286,7 +402,7 @@ impl<S: Store> Engine<S> {
         parent: &AgentId,
         req: RegisterAgent,
         from_run: RunId,
-    ) -> Result<AgentView, EngineError> {
+    ) -> Result<Registration, EngineError> {
         let options = DelegationOptions {
             from_run: Some(from_run),
             ..DelegationOptions::default()
@@ -301,7 +417,7 @@ impl<S: Store> Engine<S> {
         parent: &AgentId,
         mut req: RegisterAgent,
         options: DelegationOptions,
-    ) -> Result<AgentView, EngineError> {
+    ) -> Result<Registration, EngineError> {
         req.parent = Some(parent.clone());
         self.register_agent_with(&Caller::Agent(parent.clone()), req, options)
             .await
@@ -313,10 +429,10 @@ impl<S: Store> Engine<S> {
         let h = &state.hierarchy;
         let idx = h
             .index_of(id.as_str())
-            .ok_or_else(|| EngineError::UnknownAgent(id.to_string()))?;
+            .ok_or_else(|| EngineError::not_found(Missing::Agent, id.to_string()))?;
         let node = h
             .node(idx)
-            .ok_or_else(|| EngineError::UnknownAgent(id.to_string()))?;
+            .ok_or_else(|| EngineError::not_found(Missing::Agent, id.to_string()))?;
         Ok(AgentView {
             agent_id: node.id().clone(),
             parent_id: node
@@ -360,7 +476,7 @@ impl<S: Store> Engine<S> {
         &self,
         caller: &Caller,
         id: &AgentId,
-    ) -> Result<Vec<AgentId>, EngineError> {
+    ) -> Result<Revocation, EngineError> {
         let _guard = self.inner.registry.lock().await;
         let now = self.now();
         if !self.is_cached(id)? {
@@ -368,7 +484,7 @@ impl<S: Store> Engine<S> {
             self.reload_agents_locked().await?;
         }
         if !self.is_cached(id)? {
-            return Err(EngineError::UnknownAgent(id.to_string()));
+            return Err(EngineError::not_found(Missing::Agent, id.to_string()));
         }
         if !self.may_manage(caller, id, false)? {
             let d = self.decision(
@@ -380,7 +496,7 @@ impl<S: Store> Engine<S> {
                 now,
             );
             self.record(&d).await?;
-            return Err(EngineError::Denied(Box::new(d)));
+            return Ok(Revocation::Refused { decision: d });
         }
         // Compute the subtree on a copy, persist, then apply.
         let mut copy = self.read_state()?.hierarchy.clone();
@@ -401,7 +517,10 @@ impl<S: Store> Engine<S> {
             .set_agent_status(revoked.clone(), AgentStatus::Revoked, vec![draft])
             .await?;
         self.write_state()?.hierarchy.revoke(id.as_str())?;
-        Ok(revoked)
+        Ok(Revocation::Revoked {
+            decision: d,
+            agents: revoked,
+        })
     }
 
     /// Apply a revocation made elsewhere (another node) to this engine's

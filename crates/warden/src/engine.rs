@@ -16,7 +16,7 @@ use warden_core::time::Timestamp;
 use warden_store::{PutOutcome, Store, StoredAgent};
 
 use crate::clock::Clock;
-use crate::error::EngineError;
+use crate::error::{ConflictKind, EngineError};
 
 /// Operation names recorded in the decision log.
 pub mod ops {
@@ -117,6 +117,14 @@ pub mod engine_reasons {
     /// A step completed although the run's restrictions deny it: the gate
     /// was bypassed. Its labels are folded and the run stops.
     pub const COMPLETED_WITHOUT_GATE: Reason = Reason::code("completed_without_gate");
+    /// A write refused: it would exceed the owner's `max_records`.
+    pub const QUOTA_MAX_RECORDS: Reason = Reason::code("quota_max_records");
+    /// A write refused: it would exceed the owner's `max_bytes`.
+    pub const QUOTA_MAX_BYTES: Reason = Reason::code("quota_max_bytes");
+    /// An admission refused: the agent has `max_runs_in_flight` runs open.
+    pub const QUOTA_MAX_RUNS_IN_FLIGHT: Reason = Reason::code("quota_max_runs_in_flight");
+    /// A request refused: the agent is over `requests_per_second`.
+    pub const QUOTA_REQUESTS_PER_SECOND: Reason = Reason::code("quota_requests_per_second");
 }
 
 use engine_reasons as er;
@@ -139,6 +147,10 @@ pub(crate) struct Inner<S> {
     pub(crate) state: RwLock<State>,
     /// Serialises hierarchy changes so validation and commit see one state.
     pub(crate) registry: tokio::sync::Mutex<()>,
+    /// Tickets of steps begun and not completed.
+    pub(crate) tickets: crate::steps::Tickets,
+    /// How long tickets and unfinished runs count, in milliseconds.
+    pub(crate) run_ttl_ms: std::sync::atomic::AtomicI64,
 }
 
 /// The governance engine. Cheap to clone; all clones share state.
@@ -192,6 +204,10 @@ impl<S: Store> Engine<S> {
                     envelopes,
                 }),
                 registry: tokio::sync::Mutex::new(()),
+                tickets: crate::steps::Tickets::default(),
+                run_ttl_ms: std::sync::atomic::AtomicI64::new(
+                    i64::try_from(crate::steps::DEFAULT_RUN_TTL.as_millis()).unwrap_or(i64::MAX),
+                ),
             }),
         };
         engine.seed(first_start).await?;
@@ -255,7 +271,10 @@ impl<S: Store> Engine<S> {
                     // Another node sharing the store, starting at the same
                     // time, seeded it first (and recorded it): take the
                     // stored agents and carry on.
-                    Err(EngineError::Store(warden_store::StoreError::Duplicate(_))) => {
+                    Err(EngineError::Conflict {
+                        kind: ConflictKind::Duplicate,
+                        ..
+                    }) => {
                         self.reload_agents().await?;
                     }
                     Err(e) => return Err(e),
@@ -268,9 +287,8 @@ impl<S: Store> Engine<S> {
         }
         if with_memory {
             for m in &policy.memory {
-                let class = seed_class(m).map_err(|message| EngineError::Invalid {
-                    field: "memory".into(),
-                    message,
+                let class = seed_class(m).map_err(|message| {
+                    EngineError::internal(format!("bundle memory seed: {message}"))
                 })?;
                 let put = Put {
                     owner: m.owner.clone(),
@@ -324,11 +342,17 @@ impl<S: Store> Engine<S> {
     }
 
     pub(crate) fn read_state(&self) -> Result<RwLockReadGuard<'_, State>, EngineError> {
-        self.inner.state.read().map_err(|_| EngineError::Poisoned)
+        self.inner
+            .state
+            .read()
+            .map_err(|_| EngineError::internal("engine state lock poisoned by an earlier panic"))
     }
 
     pub(crate) fn write_state(&self) -> Result<RwLockWriteGuard<'_, State>, EngineError> {
-        self.inner.state.write().map_err(|_| EngineError::Poisoned)
+        self.inner
+            .state
+            .write()
+            .map_err(|_| EngineError::internal("engine state lock poisoned by an earlier panic"))
     }
 
     pub(crate) fn decision(
@@ -460,9 +484,7 @@ pub(crate) fn capability_reason_idx(
 /// `<prefix>-<32 random hex digits>`: a fresh, valid identifier.
 pub(crate) fn random_id(prefix: &str) -> Result<String, EngineError> {
     let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes).map_err(|e| EngineError::Invalid {
-        field: format!("{prefix} id"),
-        message: e.to_string(),
-    })?;
+    getrandom::fill(&mut bytes)
+        .map_err(|e| EngineError::internal(format!("no randomness for a {prefix} id: {e}")))?;
     Ok(format!("{prefix}-{}", hex::encode(bytes)))
 }

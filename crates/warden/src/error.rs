@@ -1,89 +1,185 @@
-//! The engine's error type: what went wrong other than a denial.
+//! The engine's error type: why a request could not be decided or carried
+//! out. Denials are never errors.
 //!
-//! Denials are [`Decision`](warden_core::decision::Decision)s inside the
-//! outcome types; an `EngineError` means the request could not be decided or
-//! carried out (malformed input, unknown run, storage failure).
+//! Every decision (allow, constrain, deny, escalate) comes back inside an
+//! outcome value ([`crate::Registration`], [`crate::WriteOutcome`],
+//! [`crate::StepGate`], ...), recorded before it is returned. An
+//! `EngineError` is typed by who is at fault:
+//!
+//! - the caller: [`EngineError::Input`], [`EngineError::Sop`],
+//!   [`EngineError::Envelope`], [`EngineError::NotFound`],
+//!   [`EngineError::Conflict`], [`EngineError::MissingHandlers`] (a 4xx in
+//!   the server; nothing changed);
+//! - the deployment: [`EngineError::Unavailable`] (storage cannot be reached
+//!   now: retry later, a 503) and [`EngineError::Internal`] (a bug or damaged
+//!   state, a 500).
 
-use warden_core::decision::Decision;
+use std::fmt;
+
 use warden_core::envelope::EnvelopeError;
-use warden_core::hierarchy::HierarchyError;
-use warden_core::lockdown::LockdownError;
 use warden_core::sop::SopError;
 use warden_store::StoreError;
 
-/// Why an engine call failed.
+/// What kind of thing a [`EngineError::NotFound`] names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Missing {
+    /// An agent.
+    Agent,
+    /// A run (or a run of another agent).
+    Run,
+    /// A step of a run.
+    Step,
+    /// A context envelope.
+    Envelope,
+    /// The envelope of a run: the run exists but has none (the policy has
+    /// no `context:` section, or the run predates it).
+    RunEnvelope,
+    /// An escalation.
+    Escalation,
+    /// A token.
+    Token,
+}
+
+impl Missing {
+    /// The lowercase name used in messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Missing::Agent => "agent",
+            Missing::Run => "run",
+            Missing::Step => "step",
+            Missing::Envelope => "envelope",
+            Missing::RunEnvelope => "run envelope",
+            Missing::Escalation => "escalation",
+            Missing::Token => "token",
+        }
+    }
+}
+
+impl fmt::Display for Missing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a [`EngineError::Conflict`] conflicts with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConflictKind {
+    /// A run id reused with a different SOP or by another agent.
+    RunId,
+    /// An envelope kept changing under concurrent writers; retry.
+    EnvelopeContention,
+    /// A unique key that already exists.
+    Duplicate,
+}
+
+/// A failure whose cause is kept for the log, not for the caller.
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why an engine call failed (as opposed to being denied).
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    /// The agent hierarchy refused the change.
-    #[error(transparent)]
-    Hierarchy(#[from] HierarchyError),
-    /// Delegation lockdown refused the child; the decision was recorded.
-    #[error(transparent)]
-    Lockdown(#[from] LockdownError),
-    /// The SOP could not be parsed.
-    #[error(transparent)]
-    Sop(#[from] SopError),
-    /// The caller may not do this; the decision was recorded.
-    #[error("denied: {}", .0.reason)]
-    Denied(Box<Decision>),
-    /// No such agent.
-    #[error("unknown agent `{0}`")]
-    UnknownAgent(String),
-    /// No such run (or not the caller's).
-    #[error("unknown run `{0}`")]
-    UnknownRun(String),
-    /// No such step in the run.
-    #[error("unknown step `{step}` in run `{run}`")]
-    UnknownStep {
-        /// Run id.
-        run: String,
-        /// Step id.
-        step: String,
-    },
-    /// A run id reused with a different SOP or by another agent.
-    #[error("run `{0}` already exists with a different sop")]
-    RunIdConflict(String),
-    /// Handlers missing after admission; nothing ran.
-    #[error("missing handlers: {}", .0.join(", "))]
-    MissingHandlers(Vec<String>),
-    /// A request field is invalid.
-    #[error("invalid `{field}`: {message}")]
-    Invalid {
+    /// A request field is malformed or inconsistent; nothing changed.
+    #[error("invalid `{field}`: {problem}")]
+    Input {
         /// The field.
         field: String,
-        /// What is wrong.
-        message: String,
+        /// What is wrong with it.
+        problem: String,
     },
-    /// The request was held for human review; nothing happened yet. The
-    /// decision (verdict `escalate`) was recorded.
-    #[error("escalated for review: {} (escalation `{escalation_id}`)", .decision.reason)]
-    Escalated {
-        /// The decision.
-        decision: Box<Decision>,
-        /// The pending escalation to approve or reject.
-        escalation_id: String,
-    },
-    /// An envelope transition or restore was refused (unknown restriction,
-    /// a stored record the policy cannot read).
+    /// The SOP could not be parsed; nothing changed.
+    #[error(transparent)]
+    Sop(#[from] SopError),
+    /// An envelope transition or restore was refused (an unknown
+    /// restriction, a stored record the policy cannot read).
     #[error(transparent)]
     Envelope(#[from] EnvelopeError),
-    /// The run has no context envelope (the policy has no `context:`
-    /// section, or the run predates it).
-    #[error("run `{0}` has no context envelope")]
-    NoEnvelope(String),
-    /// A stored reference names an envelope the store does not hold.
-    #[error("unknown envelope `{0}`")]
-    UnknownEnvelope(String),
-    /// An envelope kept changing under concurrent writers; nothing changed.
-    #[error("envelope `{0}` kept changing concurrently; retry")]
-    EnvelopeContention(String),
-    /// No such escalation.
-    #[error("unknown escalation `{0}`")]
-    UnknownEscalation(String),
-    /// Storage failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// Internal state was poisoned by a panic elsewhere.
-    #[error("engine state is unavailable")]
-    Poisoned,
+    /// The named thing does not exist (or is not the caller's to see).
+    #[error("unknown {what} `{id}`")]
+    NotFound {
+        /// What kind of thing.
+        what: Missing,
+        /// Its id as given.
+        id: String,
+    },
+    /// The request conflicts with existing state; nothing changed.
+    #[error("{}", conflict_message(*.kind, .id))]
+    Conflict {
+        /// With what.
+        kind: ConflictKind,
+        /// The id involved.
+        id: String,
+    },
+    /// Handlers missing after admission; nothing ran (an embedding program
+    /// registered too few handlers; recorded).
+    #[error("missing handlers: {}", .0.join(", "))]
+    MissingHandlers(Vec<String>),
+    /// Storage cannot be reached or cannot take writes right now; nothing
+    /// is known to have changed. Retry later.
+    #[error("storage unavailable: {0}")]
+    Unavailable(#[source] StoreError),
+    /// An internal failure (damaged state, a failed backend, a poisoned
+    /// lock). The cause is for the log.
+    #[error("internal failure: {0}")]
+    Internal(#[source] Cause),
+}
+
+fn conflict_message(kind: ConflictKind, id: &str) -> String {
+    match kind {
+        ConflictKind::RunId => format!("run `{id}` already exists with a different sop"),
+        ConflictKind::EnvelopeContention => {
+            format!("envelope `{id}` kept changing concurrently; retry")
+        }
+        ConflictKind::Duplicate => format!("`{id}` already exists"),
+    }
+}
+
+impl EngineError {
+    /// A malformed field.
+    pub fn input(field: impl Into<String>, problem: impl fmt::Display) -> Self {
+        EngineError::Input {
+            field: field.into(),
+            problem: problem.to_string(),
+        }
+    }
+
+    /// A missing thing.
+    pub fn not_found(what: Missing, id: impl fmt::Display) -> Self {
+        EngineError::NotFound {
+            what,
+            id: id.to_string(),
+        }
+    }
+
+    /// An internal failure with a message.
+    pub fn internal(message: impl fmt::Display) -> Self {
+        EngineError::Internal(message.to_string().into())
+    }
+
+    /// Whether retrying later may succeed ([`EngineError::Unavailable`]).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, EngineError::Unavailable(_))
+    }
+}
+
+impl From<StoreError> for EngineError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Duplicate(id) => EngineError::Conflict {
+                kind: ConflictKind::Duplicate,
+                id,
+            },
+            e @ StoreError::ReadOnly(_) => EngineError::Unavailable(e),
+            other => EngineError::Internal(Box::new(other)),
+        }
+    }
+}
+
+impl From<warden_core::hierarchy::HierarchyError> for EngineError {
+    /// A hierarchy error outside a registration (stored agents the policy
+    /// cannot load, a reconciliation that would break the hierarchy) is
+    /// damaged state, not a client mistake: registrations report theirs
+    /// in [`crate::Registration::Refused`].
+    fn from(e: warden_core::hierarchy::HierarchyError) -> Self {
+        EngineError::Internal(Box::new(e))
+    }
 }

@@ -34,19 +34,25 @@ mod clock;
 pub mod context;
 mod engine;
 mod error;
+mod execute;
 mod memory;
-mod runs;
+mod steps;
 
 pub use admission::Admission;
-pub use agents::{AgentView, AppliedAgents, RegisterAgent};
+pub use agents::{
+    AgentView, AppliedAgents, RegisterAgent, Registration, RegistrationRefusal, Revocation,
+};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use context::{DeclassifyOutcome, DelegationOptions, ReviewOutcome};
 pub use engine::{Caller, Engine, engine_reasons, ops};
-pub use error::EngineError;
-pub use memory::{DeleteResult, ReadOutcome, ResolvedValue, WriteOutcome, WriteRequest};
-pub use runs::{
-    Handler, HandlerCall, HandlerError, HandlerFuture, Handlers, RunReport, StepGate, StepReport,
-    StepResult,
+pub use error::{Cause, ConflictKind, EngineError, Missing};
+pub use execute::{
+    Handler, HandlerCall, HandlerError, HandlerFuture, Handlers, RunReport, StepReport,
 };
+pub use memory::{
+    DeleteResult, QuotaKind, ReadOutcome, ReadStatus, ResolvedValue, WriteOutcome, WriteRequest,
+    WriteStatus,
+};
+pub use steps::{Completion, StepGate, StepRefusal, StepResult};
 pub use warden_core;
 pub use warden_store;

@@ -6,14 +6,14 @@ use warden_core::audit::AuditDraft;
 use warden_core::decision::{Decision, Reason, Verdict, reasons};
 use warden_core::ids::{AgentId, Key, Namespace};
 use warden_core::memory::{
-    Combinator, Contributor, MemoryRecord, Put, RecordClass, Resolution, Visibility, check_write,
-    resolve,
+    Combinator, Contributor, INVALID_RECORD, MemoryRecord, Put, RecordClass, Resolution,
+    Visibility, check_write, resolve,
 };
 use warden_store::{Delete, DeleteOutcome, PutOutcome, Store};
 
 use crate::error::EngineError;
 
-use crate::engine::{Caller, Engine, ops};
+use crate::engine::{Caller, Engine, engine_reasons as er, ops};
 
 /// A resolved value with its provenance.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -44,6 +44,23 @@ pub struct ReadOutcome {
     pub decision: Decision,
     /// The value, when allowed.
     pub value: Option<ResolvedValue>,
+    /// What the decision means for the caller.
+    pub status: ReadStatus,
+}
+
+/// What a read's decision means for the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReadStatus {
+    /// A value was resolved.
+    Found,
+    /// Nothing the reader may see: no record, a record not visible to it,
+    /// a secret it holds no grant for, expired task state. These look the
+    /// same to a non-owner (the log keeps the true reason).
+    Hidden,
+    /// The read itself is refused (no `memory.read` capability, a revoked
+    /// agent, a policy value of the wrong type along the lineage).
+    Denied,
 }
 
 /// The outcome of a write.
@@ -55,11 +72,68 @@ pub struct WriteOutcome {
     pub record: Option<MemoryRecord>,
     /// The current revision, on a conflict.
     pub current_revision: Option<u64>,
+    /// What the decision means for the caller.
+    pub status: WriteStatus,
+}
+
+/// What a write's (or delete's) decision means for the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "status")]
+pub enum WriteStatus {
+    /// Stored (or deleted).
+    Done,
+    /// Not at the expected revision; nothing changed.
+    Conflict,
+    /// No such record (delete only); nothing changed.
+    NotFound,
+    /// The record would be invalid for its class; nothing changed.
+    InvalidRecord,
+    /// The write would exceed the owner's storage quota; nothing changed.
+    OverQuota {
+        /// Which quota.
+        quota: QuotaKind,
+        /// The limit.
+        limit: u64,
+        /// The owner's usage before the write.
+        used: u64,
+    },
+    /// Refused (capability, owner scope); nothing changed.
+    Denied,
+}
+
+/// A storage quota of the bundle's `quotas:` section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QuotaKind {
+    /// `max_records`: records owned.
+    Records,
+    /// `max_bytes`: bytes of JSON values owned.
+    Bytes,
+}
+
+impl QuotaKind {
+    /// The stable reason code of a write refused by this quota.
+    pub fn reason(self) -> Reason {
+        match self {
+            QuotaKind::Records => er::QUOTA_MAX_RECORDS,
+            QuotaKind::Bytes => er::QUOTA_MAX_BYTES,
+        }
+    }
+}
+
+/// Reasons under which a resolution is hidden from a reader.
+fn is_hidden(reason: &Reason) -> bool {
+    matches!(
+        reason.kind(),
+        reasons::NOT_VISIBLE_FROM | "record_not_found" | "record_expired" | "secret_not_granted"
+    )
 }
 
 /// The outcome of a delete.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeleteResult {
+    /// What the decision means for the caller.
+    pub status: WriteStatus,
     /// The decision (recorded).
     pub decision: Decision,
     /// The deleted revision, when allowed.
@@ -103,6 +177,18 @@ impl<S: Store> Engine<S> {
         namespace: &Namespace,
         key: &Key,
     ) -> Result<ReadOutcome, EngineError> {
+        self.read_recorded(reader, namespace, key, Vec::new()).await
+    }
+
+    /// [`Engine::read`], recording `pre` (entries of the decision that led
+    /// to it, such as a step's gate) in the same transaction, before it.
+    pub(crate) async fn read_recorded(
+        &self,
+        reader: &AgentId,
+        namespace: &Namespace,
+        key: &Key,
+        mut pre: Vec<AuditDraft>,
+    ) -> Result<ReadOutcome, EngineError> {
         let now = self.now();
         let caller = Caller::Agent(reader.clone());
         let resource = format!("{namespace}.{key}");
@@ -117,10 +203,12 @@ impl<S: Store> Engine<S> {
                     resource,
                     now,
                 );
-                self.record(&d).await?;
+                pre.push(self.draft(&d));
+                self.inner.store.append_audit(pre).await?;
                 return Ok(ReadOutcome {
                     decision: d,
                     value: None,
+                    status: ReadStatus::Denied,
                 });
             }
         };
@@ -173,9 +261,19 @@ impl<S: Store> Engine<S> {
             Resolution::Denied { reason } => (Verdict::Deny, reason, None),
             Resolution::NotFound => (Verdict::Deny, reasons::RECORD_NOT_FOUND, None),
         };
+        let status = match (&value, verdict) {
+            (Some(_), Verdict::Allow) => ReadStatus::Found,
+            _ if is_hidden(&reason) => ReadStatus::Hidden,
+            _ => ReadStatus::Denied,
+        };
         let d = self.decision(&caller, verdict, reason, ops::MEMORY_READ, resource, now);
-        self.record(&d).await?;
-        Ok(ReadOutcome { decision: d, value })
+        pre.push(self.draft(&d));
+        self.inner.store.append_audit(pre).await?;
+        Ok(ReadOutcome {
+            decision: d,
+            value,
+            status,
+        })
     }
 
     /// Write one record in the caller's own scope.
@@ -183,6 +281,17 @@ impl<S: Store> Engine<S> {
         &self,
         actor: &AgentId,
         req: WriteRequest,
+    ) -> Result<WriteOutcome, EngineError> {
+        self.write_recorded(actor, req, Vec::new()).await
+    }
+
+    /// [`Engine::write`], recording `pre` in the same transaction, before
+    /// the write's own entry.
+    pub(crate) async fn write_recorded(
+        &self,
+        actor: &AgentId,
+        req: WriteRequest,
+        mut pre: Vec<AuditDraft>,
     ) -> Result<WriteOutcome, EngineError> {
         let now = self.now();
         let caller = Caller::Agent(actor.clone());
@@ -197,11 +306,16 @@ impl<S: Store> Engine<S> {
             visibility: req.visibility,
             class: req.class,
         };
-        let pre = match self.lineage_of(actor, ops::MEMORY_WRITE)? {
+        let checked = match self.lineage_of(actor, ops::MEMORY_WRITE)? {
             Err(reason) => Err(reason),
             Ok(_) => check_write(actor, &put),
         };
-        if let Err(reason) = pre {
+        if let Err(reason) = checked {
+            let status = if reason.kind() == INVALID_RECORD {
+                WriteStatus::InvalidRecord
+            } else {
+                WriteStatus::Denied
+            };
             let d = self.decision(
                 &caller,
                 Verdict::Deny,
@@ -210,11 +324,13 @@ impl<S: Store> Engine<S> {
                 resource,
                 now,
             );
-            self.record(&d).await?;
+            pre.push(self.draft(&d));
+            self.inner.store.append_audit(pre).await?;
             return Ok(WriteOutcome {
                 decision: d,
                 record: None,
                 current_revision: None,
+                status,
             });
         }
         let allow = self.decision(
@@ -251,10 +367,11 @@ impl<S: Store> Engine<S> {
                 Box::new(move |o| {
                     let d = match o {
                         PutOutcome::Written { record, .. } => {
-                            return vec![
+                            pre.push(
                                 AuditDraft::from_decision(&a)
                                     .with_details(json!({"revision": record.revision})),
-                            ];
+                            );
+                            return pre;
                         }
                         PutOutcome::Conflict { .. } => c,
                         PutOutcome::Rejected { reason } => Decision {
@@ -262,7 +379,8 @@ impl<S: Store> Engine<S> {
                             ..r
                         },
                     };
-                    vec![AuditDraft::from_decision(&d)]
+                    pre.push(AuditDraft::from_decision(&d));
+                    pre
                 }),
             )
             .await?;
@@ -271,11 +389,13 @@ impl<S: Store> Engine<S> {
                 decision: allow,
                 record: Some(record),
                 current_revision: None,
+                status: WriteStatus::Done,
             },
             PutOutcome::Conflict { current } => WriteOutcome {
                 decision: conflict,
                 record: None,
                 current_revision: current,
+                status: WriteStatus::Conflict,
             },
             PutOutcome::Rejected { reason } => WriteOutcome {
                 decision: Decision {
@@ -284,6 +404,7 @@ impl<S: Store> Engine<S> {
                 },
                 record: None,
                 current_revision: None,
+                status: WriteStatus::InvalidRecord,
             },
         })
     }
@@ -317,6 +438,7 @@ impl<S: Store> Engine<S> {
             );
             self.record(&d).await?;
             return Ok(DeleteResult {
+                status: WriteStatus::Denied,
                 decision: d,
                 revision: None,
                 current_revision: None,
@@ -350,16 +472,19 @@ impl<S: Store> Engine<S> {
         let decision = outcome_decision(&template, &outcome);
         Ok(match outcome {
             DeleteOutcome::Deleted { revision } => DeleteResult {
+                status: WriteStatus::Done,
                 decision,
                 revision: Some(revision),
                 current_revision: None,
             },
             DeleteOutcome::NotFound => DeleteResult {
+                status: WriteStatus::NotFound,
                 decision,
                 revision: None,
                 current_revision: None,
             },
             DeleteOutcome::Conflict { current } => DeleteResult {
+                status: WriteStatus::Conflict,
                 decision,
                 revision: None,
                 current_revision: Some(current),

@@ -9,7 +9,7 @@ use warden_core::time::Timestamp;
 use warden_store::{PutEnvelope, Store};
 
 use crate::engine::{Caller, Engine, engine_reasons as er, ops};
-use crate::error::EngineError;
+use crate::error::{ConflictKind, EngineError, Missing};
 
 use super::*;
 
@@ -37,7 +37,7 @@ impl<S: Store> Engine<S> {
         let now = self.now();
         let policy = self
             .context_policy()
-            .ok_or_else(|| EngineError::NoEnvelope(run_id.to_string()))?;
+            .ok_or_else(|| EngineError::not_found(Missing::RunEnvelope, run_id.to_string()))?;
         let caller = Caller::Agent(by.clone());
         let (_, envelope_id) = self.run_envelope_id(run_id).await?;
         let resource = envelope_id.to_string();
@@ -120,7 +120,10 @@ impl<S: Store> Engine<S> {
                 });
             }
         }
-        Err(EngineError::EnvelopeContention(envelope_id.to_string()))
+        Err(EngineError::Conflict {
+            kind: ConflictKind::EnvelopeContention,
+            id: envelope_id.to_string(),
+        })
     }
 
     /// Sign the latest version of run `run_id`'s envelope as `issuer` with
@@ -138,11 +141,8 @@ impl<S: Store> Engine<S> {
         let record = self
             .envelope(&envelope_id, None)
             .await?
-            .ok_or_else(|| EngineError::UnknownEnvelope(envelope_id.to_string()))?;
-        let token = sign(&record, issuer, key).map_err(|e| EngineError::Invalid {
-            field: "envelope".into(),
-            message: e.to_string(),
-        })?;
+            .ok_or_else(|| EngineError::not_found(Missing::Envelope, envelope_id.to_string()))?;
+        let token = sign(&record, issuer, key).map_err(EngineError::internal)?;
         let d = self.decision(
             caller,
             Verdict::Allow,
@@ -176,7 +176,7 @@ impl<S: Store> Engine<S> {
         let record = self
             .envelope(&envelope_id, None)
             .await?
-            .ok_or_else(|| EngineError::UnknownEnvelope(envelope_id.to_string()))?;
+            .ok_or_else(|| EngineError::not_found(Missing::Envelope, envelope_id.to_string()))?;
         let receipt = Receipt::issue(&record, issuer, resolvable_until);
         let d = self.decision(
             caller,

@@ -13,9 +13,9 @@ use warden_core::ids::ActionName;
 use warden_core::time::Timestamp;
 use warden_store::{EscalationTarget, Store};
 
-use crate::agents::RegisterAgent;
+use crate::agents::{RegisterAgent, Registration, RegistrationRefusal};
 use crate::engine::{Caller, Engine, engine_reasons as er, ops, random_id};
-use crate::error::EngineError;
+use crate::error::{EngineError, Missing};
 
 use super::*;
 
@@ -35,15 +35,15 @@ impl<S: Store> Engine<S> {
         options: &DelegationOptions,
         now: Timestamp,
         audit: &mut Vec<AuditDraft>,
-    ) -> Result<Option<ChildContext>, EngineError> {
+    ) -> Result<Result<Option<ChildContext>, Registration>, EngineError> {
         let Some(parent) = req.parent.clone() else {
             if *options != DelegationOptions::default() {
-                return Err(EngineError::Invalid {
+                return Err(EngineError::Input {
                     field: "delegation".into(),
-                    message: "delegation options need a parent".into(),
+                    problem: "delegation options need a parent".into(),
                 });
             }
-            return Ok(None);
+            return Ok(Ok(None));
         };
         let resource = req.id.to_string();
         // The source run must be the delegator's own.
@@ -51,11 +51,11 @@ impl<S: Store> Engine<S> {
             None => None,
             Some(run_id) => match self.inner.store.get_run(run_id.clone()).await? {
                 Some(state) if state.run.agent == parent => state.run.envelope_id,
-                _ => return Err(EngineError::UnknownRun(run_id.to_string())),
+                _ => return Err(EngineError::not_found(Missing::Run, run_id.to_string())),
             },
         };
         let Some(policy) = self.context_policy() else {
-            return Ok(None);
+            return Ok(Ok(None));
         };
         let source_id = match run_envelope {
             Some(id) => Some(id),
@@ -88,7 +88,7 @@ impl<S: Store> Engine<S> {
                 records.push(root.to_record());
                 root
             }
-            None => return Ok(None),
+            None => return Ok(Ok(None)),
         };
 
         // What the delegator and the environment let the child hold.
@@ -149,7 +149,10 @@ impl<S: Store> Engine<S> {
                     .store
                     .append_audit(vec![self.draft(&d).with_details(details)])
                     .await?;
-                return Err(EngineError::Denied(Box::new(d)));
+                return Ok(Err(Registration::Refused {
+                    decision: d,
+                    refusal: RegistrationRefusal::Context,
+                }));
             }
             Verdict::Escalate => {
                 let target = EscalationTarget::Delegation {
@@ -186,10 +189,10 @@ impl<S: Store> Engine<S> {
                             now,
                         )
                         .await?;
-                    return Err(EngineError::Escalated {
-                        decision: Box::new(decision),
+                    return Ok(Err(Registration::Escalated {
+                        decision,
                         escalation_id,
-                    });
+                    }));
                 }
                 obligations = d.obligations;
             }
@@ -217,7 +220,10 @@ impl<S: Store> Engine<S> {
                     .store
                     .append_audit(vec![self.draft(&d).with_details(details)])
                     .await?;
-                return Err(e.into());
+                return Ok(Err(Registration::Refused {
+                    decision: d,
+                    refusal: RegistrationRefusal::Envelope(e),
+                }));
             }
         };
 
@@ -262,12 +268,12 @@ impl<S: Store> Engine<S> {
             d.insert("child_envelope_id".into(), json!(child.envelope_id()));
         }
         records.push(child.to_record());
-        Ok(Some(ChildContext {
+        Ok(Ok(Some(ChildContext {
             records,
             envelope_id: child_id,
             verdict,
             obligations,
             details,
-        }))
+        })))
     }
 }

@@ -12,7 +12,7 @@ use warden_store::{
 };
 
 use crate::engine::{Caller, Engine, engine_reasons as er, ops, random_id};
-use crate::error::EngineError;
+use crate::error::{EngineError, Missing};
 
 use super::*;
 
@@ -145,7 +145,7 @@ impl<S: Store> Engine<S> {
             .store
             .get_escalation(escalation_id.to_owned())
             .await?
-            .ok_or_else(|| EngineError::UnknownEscalation(escalation_id.to_owned()))
+            .ok_or_else(|| EngineError::not_found(Missing::Escalation, escalation_id.to_owned()))
     }
 
     /// Whether `reviewer` may review `e`: the operator, or an active
@@ -273,9 +273,10 @@ impl<S: Store> Engine<S> {
             )
             .await?;
         match out {
-            ResolveEscalation::NotFound => {
-                Err(EngineError::UnknownEscalation(escalation_id.to_owned()))
-            }
+            ResolveEscalation::NotFound => Err(EngineError::not_found(
+                Missing::Escalation,
+                escalation_id.to_owned(),
+            )),
             ResolveEscalation::NotPending(e) => Ok(ReviewOutcome {
                 decision: not_pending,
                 escalation: *e,

@@ -92,6 +92,8 @@ mod delegation;
 mod escalation;
 mod run;
 
+pub(crate) use run::{ContextGate, Gated};
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use warden_core::audit::AuditDraft;
@@ -105,7 +107,7 @@ use warden_core::time::Timestamp;
 use warden_store::{EscalationRecord, PutEnvelope, RunRecord, Store};
 
 use crate::engine::{Caller, Engine, random_id};
-use crate::error::EngineError;
+use crate::error::{EngineError, Missing};
 
 /// How often a compare-and-set on an envelope is retried before giving up
 /// with [`EngineError::EnvelopeContention`].
@@ -184,9 +186,9 @@ pub(crate) enum Folded {
 }
 
 pub(super) fn identifier_error(field: &str, e: warden_core::ids::IdentifierError) -> EngineError {
-    EngineError::Invalid {
+    EngineError::Input {
         field: field.into(),
-        message: e.to_string(),
+        problem: e.to_string(),
     }
 }
 
@@ -220,9 +222,9 @@ pub(super) fn is_permanent(cd: &ContextDecision) -> bool {
 }
 
 pub(super) fn check_text(field: &str, text: &str) -> Result<(), EngineError> {
-    let invalid = |message: &str| EngineError::Invalid {
+    let invalid = |message: &str| EngineError::Input {
         field: field.into(),
-        message: message.into(),
+        problem: message.into(),
     };
     if text.trim().is_empty() {
         return Err(invalid("must not be empty"));
@@ -289,14 +291,14 @@ impl<S: Store> Engine<S> {
             .store
             .get_run(run_id.clone())
             .await?
-            .ok_or_else(|| EngineError::UnknownRun(run_id.to_string()))?;
+            .ok_or_else(|| EngineError::not_found(Missing::Run, run_id.to_string()))?;
         match state.run.envelope_id {
             None => Ok(None),
             Some(id) => self
                 .envelope(&id, None)
                 .await?
                 .map(Some)
-                .ok_or_else(|| EngineError::UnknownEnvelope(id.to_string())),
+                .ok_or_else(|| EngineError::not_found(Missing::Envelope, id.to_string())),
         }
     }
 
@@ -309,7 +311,7 @@ impl<S: Store> Engine<S> {
         let record = self
             .envelope(envelope_id, None)
             .await?
-            .ok_or_else(|| EngineError::UnknownEnvelope(envelope_id.to_string()))?;
+            .ok_or_else(|| EngineError::not_found(Missing::Envelope, envelope_id.to_string()))?;
         Ok(Envelope::restore(&record, policy)?)
     }
 
@@ -322,12 +324,12 @@ impl<S: Store> Engine<S> {
             .store
             .get_run(run_id.clone())
             .await?
-            .ok_or_else(|| EngineError::UnknownRun(run_id.to_string()))?;
+            .ok_or_else(|| EngineError::not_found(Missing::Run, run_id.to_string()))?;
         let id = state
             .run
             .envelope_id
             .clone()
-            .ok_or_else(|| EngineError::NoEnvelope(run_id.to_string()))?;
+            .ok_or_else(|| EngineError::not_found(Missing::RunEnvelope, run_id.to_string()))?;
         Ok((state.run, id))
     }
 

@@ -15,8 +15,8 @@ use warden_store::{
 };
 
 use crate::engine::{Caller, Engine, engine_reasons as er, ops};
-use crate::error::EngineError;
-use crate::runs::StepGate;
+use crate::error::{ConflictKind, EngineError, Missing};
+use crate::steps::{StepGate, StepRefusal};
 
 use super::*;
 
@@ -35,7 +35,7 @@ impl<S: Store> Engine<S> {
     ) -> Result<(Envelope, AuditDraft), EngineError> {
         let policy = self
             .context_policy()
-            .ok_or_else(|| EngineError::NoEnvelope(run_id.to_string()))?;
+            .ok_or_else(|| EngineError::not_found(Missing::RunEnvelope, run_id.to_string()))?;
         let caller = Caller::Agent(actor.clone());
         let inherited = self.read_state()?.envelopes.get(actor).cloned();
         let id = new_envelope_id()?;
@@ -96,20 +96,40 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// The context gate of one step, after the structural checks passed.
-    /// `None`: the run has no envelope (no context policy).
+    /// The context gate of one step, after the structural checks passed:
+    /// the step decided once against the run's envelope.
+    ///
+    /// `Open` carries the proceeding decision and the envelope it was
+    /// decided against (kept in the step's ticket, so completion neither
+    /// reloads nor re-decides it); its `draft` is the entry still to record
+    /// (`None` when consuming an approval recorded it already). `Stopped`
+    /// is a recorded refusal or escalation. Without a context policy (or an
+    /// envelope on the run) the gate is open with no envelope.
     pub(crate) async fn gate_step(
         &self,
         actor: &AgentId,
         run: &RunRecord,
         step: &RunStep,
         now: Timestamp,
-    ) -> Result<Option<StepGate>, EngineError> {
-        let (Some(policy), Some(envelope_id)) = (self.context_policy(), &run.envelope_id) else {
-            return Ok(None);
-        };
+    ) -> Result<ContextGate, EngineError> {
         let caller = Caller::Agent(actor.clone());
         let resource = format!("{}:{}", run.run_id, step.step_id);
+        let (Some(policy), Some(envelope_id)) = (self.context_policy(), &run.envelope_id) else {
+            let d = self.decision(
+                &caller,
+                Verdict::Allow,
+                warden_core::decision::reasons::STEP_ALLOWED,
+                ops::STEP_BEGIN,
+                resource,
+                now,
+            );
+            let draft = Some(self.draft(&d));
+            return Ok(ContextGate::Open {
+                decision: d,
+                draft,
+                envelope: None,
+            });
+        };
         let envelope = self.load_envelope(policy, envelope_id).await?;
         let cd = decide(
             &envelope,
@@ -117,12 +137,6 @@ impl<S: Store> Engine<S> {
             &ContextRequest::Action(self.action_ref(step.action.as_str())),
         );
         let details = context_details(&envelope, &cd);
-        let proceed = |decision: Decision| StepGate::Proceed {
-            decision,
-            operation_id: step.operation_id.clone(),
-            action: step.action.clone(),
-            arguments: crate::runs::step_arguments(run, &step.step_id),
-        };
         match cd.verdict {
             Verdict::Allow | Verdict::Constrain => {
                 let reason = if cd.verdict == Verdict::Allow {
@@ -133,11 +147,12 @@ impl<S: Store> Engine<S> {
                 let mut d =
                     self.decision(&caller, cd.verdict, reason, ops::STEP_BEGIN, resource, now);
                 d.obligations = cd.obligations.to_vec();
-                self.inner
-                    .store
-                    .append_audit(vec![self.draft(&d).with_details(details)])
-                    .await?;
-                Ok(Some(proceed(d)))
+                let draft = Some(self.draft(&d).with_details(details));
+                Ok(ContextGate::Open {
+                    decision: d,
+                    draft,
+                    envelope: Some(envelope),
+                })
             }
             Verdict::Deny => {
                 let d = self.decision(
@@ -149,7 +164,10 @@ impl<S: Store> Engine<S> {
                     now,
                 );
                 self.stop_step(run, step, &d, details, now).await?;
-                Ok(Some(StepGate::Refused { decision: d }))
+                Ok(ContextGate::Stopped(StepGate::Refused {
+                    decision: d,
+                    refusal: StepRefusal::Denied,
+                }))
             }
             Verdict::Escalate => {
                 let target = EscalationTarget::Step {
@@ -175,7 +193,11 @@ impl<S: Store> Engine<S> {
                     .consume_approval(target.clone(), &d, details.clone(), now)
                     .await?
                 {
-                    return Ok(Some(proceed(d)));
+                    return Ok(ContextGate::Open {
+                        decision: d,
+                        draft: None,
+                        envelope: Some(envelope),
+                    });
                 }
                 let (decision, escalation_id) = self
                     .open_escalation(
@@ -188,7 +210,7 @@ impl<S: Store> Engine<S> {
                         now,
                     )
                     .await?;
-                Ok(Some(StepGate::Escalated {
+                Ok(ContextGate::Stopped(StepGate::Escalated {
                     decision,
                     escalation_id,
                 }))
@@ -226,12 +248,19 @@ impl<S: Store> Engine<S> {
 
     /// Fold a completed (or failed) step's labels into its run's envelope,
     /// retrying on concurrent writers. Unknown labels change nothing.
+    ///
+    /// `gated` is what the step's gate decided (its ticket): the envelope
+    /// it decided against, tried first for the compare-and-set (no reload
+    /// unless something else wrote meanwhile), and its obligations. A step
+    /// completed without passing the gate is decided here, against the
+    /// envelope as it stands: that is how a bypass is detected.
     pub(crate) async fn fold_step(
         &self,
         actor: &AgentId,
         run: &RunRecord,
         step: &RunStep,
         reported: &[Label],
+        gated: Option<&Gated>,
         now: Timestamp,
     ) -> Result<Option<Folded>, EngineError> {
         let (Some(policy), Some(envelope_id)) = (self.context_policy(), &run.envelope_id) else {
@@ -240,8 +269,25 @@ impl<S: Store> Engine<S> {
         let caller = Caller::Agent(actor.clone());
         let declared = self.output_labels(step.action.as_str());
         let action = self.action_ref(step.action.as_str());
+        // What the gate decided: from the ticket, or decided now.
+        let (obliged, bypassed, mut known) = match gated {
+            Some(g) => (g.result_labels.clone(), false, g.envelope.clone()),
+            None => {
+                let before = self.load_envelope(policy, envelope_id).await?;
+                let cd = decide(&before, policy, &ContextRequest::Action(action));
+                let obliged = cd
+                    .obligations
+                    .result_labels()
+                    .map(|names| names.to_vec())
+                    .unwrap_or_default();
+                (obliged, is_permanent(&cd), Some(before))
+            }
+        };
         for _ in 0..MAX_ENVELOPE_ATTEMPTS {
-            let before = self.load_envelope(policy, envelope_id).await?;
+            let before = match known.take() {
+                Some(e) => e,
+                None => self.load_envelope(policy, envelope_id).await?,
+            };
             let (after, t) = match before.fold(policy, reported, declared) {
                 Ok(x) => x,
                 Err(EnvelopeError::UnknownLabels { labels }) => {
@@ -249,14 +295,9 @@ impl<S: Store> Engine<S> {
                 }
                 Err(e) => return Err(e.into()),
             };
-            // The step as the gate saw it: its obligations and whether the
-            // run's restrictions deny it outright.
-            let cd = decide(&before, policy, &ContextRequest::Action(action));
             let mut labels: BTreeSet<Label> = reported.iter().cloned().collect();
             labels.extend(declared.iter().cloned());
-            if let Some(obliged) = cd.obligations.result_labels() {
-                labels.extend(obliged.iter().cloned());
-            }
+            labels.extend(obliged.iter().cloned());
             let draft = self.transition_draft(
                 &caller,
                 ops::CONTEXT_ACCUMULATE,
@@ -281,10 +322,55 @@ impl<S: Store> Engine<S> {
                     after,
                     transition: Box::new(t),
                     labels: labels.into_iter().collect(),
-                    bypassed: is_permanent(&cd),
+                    bypassed,
                 }));
             }
         }
-        Err(EngineError::EnvelopeContention(envelope_id.to_string()))
+        Err(EngineError::Conflict {
+            kind: ConflictKind::EnvelopeContention,
+            id: envelope_id.to_string(),
+        })
+    }
+}
+
+/// What the context gate said about a step.
+pub(crate) enum ContextGate {
+    /// The step may proceed.
+    Open {
+        /// The proceeding decision (allow or constrain).
+        decision: Decision,
+        /// Its entry, if not recorded yet.
+        draft: Option<AuditDraft>,
+        /// The envelope it was decided against.
+        envelope: Option<Envelope>,
+    },
+    /// Refused or held; recorded.
+    Stopped(StepGate),
+}
+
+/// What a step's gate decided, kept for its completion.
+#[derive(Debug, Clone)]
+pub(crate) struct Gated {
+    /// The envelope the gate decided against.
+    pub(crate) envelope: Option<Envelope>,
+    /// Labels the gate's `ResultLabels` obligation adds to the outcome.
+    pub(crate) result_labels: Vec<Label>,
+}
+
+impl Gated {
+    /// What `decision` (a proceeding gate decision) binds the completion to.
+    pub(crate) fn new(decision: &Decision, envelope: Option<Envelope>) -> Self {
+        let result_labels = decision
+            .obligations
+            .iter()
+            .find_map(|o| match o {
+                warden_core::decision::Obligation::ResultLabels { labels } => Some(labels.clone()),
+                _ => None,
+            })
+            .unwrap_or_default();
+        Self {
+            envelope,
+            result_labels,
+        }
     }
 }

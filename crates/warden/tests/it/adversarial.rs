@@ -2,6 +2,7 @@
 //! misses", as tests on decisions, stored state and handler effects.
 
 use std::collections::BTreeSet;
+use warden::{ConflictKind, Registration, RegistrationRefusal, Revocation};
 
 use serde_json::json;
 use warden::{Caller, EngineError, RegisterAgent};
@@ -36,10 +37,13 @@ async fn unknown_parent_is_refused_and_recorded() {
             child("x", Some("ghost"), &["memory.read"]),
         )
         .await
-        .unwrap_err();
+        .unwrap();
     assert!(matches!(
         err,
-        EngineError::Hierarchy(HierarchyError::UnknownParent { .. })
+        Registration::Refused {
+            refusal: RegistrationRefusal::Hierarchy(HierarchyError::UnknownParent { .. }),
+            ..
+        }
     ));
     assert!(e.agent(&id("x")).is_err());
     assert!(
@@ -86,10 +90,13 @@ async fn duplicate_agent_is_refused_and_changes_nothing() {
             child("researcher", None, &["external.upload"]),
         )
         .await
-        .unwrap_err();
+        .unwrap();
     assert!(matches!(
         err,
-        EngineError::Hierarchy(HierarchyError::DuplicateAgent(_))
+        Registration::Refused {
+            refusal: RegistrationRefusal::Hierarchy(HierarchyError::DuplicateAgent(_)),
+            ..
+        }
     ));
     assert_eq!(e.agent(&id("researcher")).unwrap(), before);
     assert_eq!(e.store().load_agents().await.unwrap().len(), 3);
@@ -128,6 +135,8 @@ async fn agent_without_memory_read_cannot_read_its_own_record() {
         child("writer_only", None, &["memory.write"]),
     )
     .await
+    .unwrap()
+    .registered()
     .unwrap();
     let w = e
         .write(&id("writer_only"), write_req("own", "k", json!(1)))
@@ -155,6 +164,8 @@ async fn formatter_cannot_grant_itself_or_a_child_memory_write() {
             ),
         )
         .await
+        .unwrap()
+        .registered()
         .unwrap();
     let eff: Vec<&str> = view
         .effective_capabilities
@@ -175,8 +186,10 @@ async fn formatter_cannot_grant_itself_or_a_child_memory_write() {
             child("formatter2", Some("researcher"), &["memory.write"]),
         )
         .await
-        .unwrap_err();
-    assert!(matches!(err, EngineError::Denied(d) if d.reason.as_str() == "not_own_child"));
+        .unwrap();
+    assert!(
+        matches!(err, Registration::Refused { decision: d, refusal: RegistrationRefusal::NotOwnChild } if d.reason.as_str() == "not_own_child")
+    );
     assert!(e.agent(&id("formatter2")).is_err());
 }
 
@@ -452,7 +465,13 @@ async fn retried_run_does_not_duplicate_effects() {
         .execute_sop(&id("researcher"), &changed, &handlers, Some(run_id))
         .await
         .unwrap_err();
-    assert!(matches!(err, EngineError::RunIdConflict(_)));
+    assert!(matches!(
+        err,
+        EngineError::Conflict {
+            kind: ConflictKind::RunId,
+            ..
+        }
+    ));
 }
 
 #[tokio::test]
@@ -461,6 +480,8 @@ async fn revocation_cascades_and_denies_everything() {
     let revoked = e
         .revoke_agent(&Caller::Operator, &id("researcher"))
         .await
+        .unwrap()
+        .revoked()
         .unwrap();
     assert_eq!(revoked, vec![id("researcher"), id("formatter")]);
     let r = e
@@ -487,8 +508,8 @@ async fn revocation_cascades_and_denies_everything() {
     let err = e
         .revoke_agent(&Caller::Agent(id("formatter")), &id("report_manager"))
         .await
-        .unwrap_err();
-    assert!(matches!(err, EngineError::Denied(_)));
+        .unwrap();
+    assert!(matches!(err, Revocation::Refused { .. }));
 }
 
 #[tokio::test]
@@ -503,13 +524,18 @@ async fn revocation_between_admission_and_execution_stops_the_run() {
     };
     e.revoke_agent(&Caller::Operator, &id("researcher"))
         .await
+        .unwrap()
+        .revoked()
         .unwrap();
     let gate = e
         .begin_step(&id("researcher"), &run.run_id, &run.steps[0].step_id)
         .await
         .unwrap();
     match gate {
-        warden::StepGate::Refused { decision } => {
+        warden::StepGate::Refused {
+            decision,
+            refusal: warden::StepRefusal::Denied,
+        } => {
             assert_eq!(decision.verdict, Verdict::Deny);
             assert_eq!(decision.reason.as_str(), "agent_revoked");
         }
@@ -533,14 +559,19 @@ async fn depth_limit_is_enforced() {
     let e = lab_with(&policy).await;
     e.delegate(&id("formatter"), child("d3", None, &["memory.read"]))
         .await
+        .unwrap()
+        .registered()
         .unwrap();
     let err = e
         .delegate(&id("d3"), child("d4", None, &["memory.read"]))
         .await
-        .unwrap_err();
+        .unwrap();
     assert!(matches!(
         err,
-        EngineError::Hierarchy(HierarchyError::TooDeep { .. })
+        Registration::Refused {
+            refusal: RegistrationRefusal::Hierarchy(HierarchyError::TooDeep { .. }),
+            ..
+        }
     ));
     assert_eq!(
         audit(&e).await.last().unwrap().draft.reason,

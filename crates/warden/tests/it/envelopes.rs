@@ -7,6 +7,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use warden::{Missing, Registration, RegistrationRefusal};
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -171,7 +172,7 @@ async fn run_step(
 
 fn refused(gate: StepGate) -> warden_core::decision::Decision {
     match gate {
-        StepGate::Refused { decision } => decision,
+        StepGate::Refused { decision, .. } => decision,
         other => panic!("expected a refusal: {other:?}"),
     }
 }
@@ -298,8 +299,12 @@ async fn customer_example_end_to_end() {
             },
         )
         .await
-        .unwrap_err();
-    let EngineError::Denied(d) = err else {
+        .unwrap();
+    let Registration::Refused {
+        decision: d,
+        refusal: RegistrationRefusal::Context,
+    } = err
+    else {
         panic!("{err:?}")
     };
     assert_eq!(d.reason.as_str(), "restricted_by:no_external_delegation");
@@ -749,7 +754,7 @@ async fn escalation_rejection_denies_the_step() {
         .reject_escalation(&esc, &Caller::Operator, "  ")
         .await
         .unwrap_err();
-    assert!(matches!(err, EngineError::Invalid { .. }));
+    assert!(matches!(err, EngineError::Input { .. }));
     let out = e
         .reject_escalation(&esc, &Caller::Operator, "no export of restricted notes")
         .await
@@ -780,7 +785,10 @@ async fn escalation_rejection_denies_the_step() {
     assert_eq!(denial.draft.details["rejected_by"], json!("@operator"));
     assert!(matches!(
         e.approve_escalation("esc-nope", &Caller::Operator).await,
-        Err(EngineError::UnknownEscalation(_))
+        Err(EngineError::NotFound {
+            what: Missing::Escalation,
+            ..
+        })
     ));
 }
 
@@ -970,6 +978,8 @@ async fn revoked_declassifier_is_refused() {
     let start = restricted_run(&e, "run-revoked").await;
     e.revoke_agent(&Caller::Operator, &id("report_manager"))
         .await
+        .unwrap()
+        .revoked()
         .unwrap();
     let out = e
         .declassify(
@@ -1074,7 +1084,10 @@ async fn concurrent_transitions_never_lose_a_fold() {
     e.admit_run(&researcher, &s, Some(run.clone()))
         .await
         .unwrap();
-    for (step, labels) in [("collect", &["customer_name"][..]), ("more", &[][..])] {
+    // `more` is left un-begun: its completion below then loads the
+    // envelope itself (no ticket holding the gate's copy), which is what
+    // lets it read the same version as the declassification and race it.
+    for (step, labels) in [("collect", &["customer_name"][..])] {
         let step = sid(step);
         assert!(matches!(
             e.begin_step(&researcher, &run, &step).await.unwrap(),
@@ -1174,6 +1187,8 @@ async fn delegation_inherits_on_every_path() {
             rid("run-parent"),
         )
         .await
+        .unwrap()
+        .registered()
         .unwrap();
     // Laundering refused: report.export is not the analyst's.
     assert_eq!(
@@ -1239,10 +1254,17 @@ async fn delegation_inherits_on_every_path() {
     let g1 = e
         .delegate(&id("analyst"), child("g1", &["artifact.save"]))
         .await
+        .unwrap()
+        .registered()
         .unwrap();
     let mut req = child("g2", &["artifact.save"]);
     req.parent = Some(id("analyst"));
-    let g2 = e.register_agent(&Caller::Operator, req).await.unwrap();
+    let g2 = e
+        .register_agent(&Caller::Operator, req)
+        .await
+        .unwrap()
+        .registered()
+        .unwrap();
     for g in [g1, g2] {
         let env = e
             .envelope(g.envelope_id.as_ref().unwrap(), None)
@@ -1265,9 +1287,9 @@ async fn delegation_inherits_on_every_path() {
             },
         )
         .await
-        .unwrap_err();
+        .unwrap();
     assert!(
-        matches!(&err, EngineError::Denied(d) if d.reason.as_str() == "restricted_by:no_external_delegation"),
+        matches!(&err, Registration::Refused { decision: d, refusal: RegistrationRefusal::Context } if d.reason.as_str() == "restricted_by:no_external_delegation"),
         "{err:?}"
     );
 
@@ -1280,7 +1302,13 @@ async fn delegation_inherits_on_every_path() {
         )
         .await
         .unwrap_err();
-    assert!(matches!(err, EngineError::UnknownRun(_)));
+    assert!(matches!(
+        err,
+        EngineError::NotFound {
+            what: Missing::Run,
+            ..
+        }
+    ));
     assert!(e.agent(&id("thief")).is_err());
 }
 
@@ -1303,6 +1331,8 @@ async fn declared_restrictions_and_redaction() {
             },
         )
         .await
+        .unwrap()
+        .registered()
         .unwrap();
     assert!(
         !view
@@ -1331,6 +1361,8 @@ async fn declared_restrictions_and_redaction() {
             },
         )
         .await
+        .unwrap()
+        .registered()
         .unwrap();
     assert_eq!(
         view.declared_capabilities,
@@ -1355,8 +1387,17 @@ async fn declared_restrictions_and_redaction() {
             },
         )
         .await
-        .unwrap_err();
-    assert!(matches!(err, EngineError::Envelope(_)), "{err:?}");
+        .unwrap();
+    assert!(
+        matches!(
+            err,
+            Registration::Refused {
+                refusal: RegistrationRefusal::Envelope(_),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     assert!(e.agent(&id("odd")).is_err());
     assert_eq!(
         audit(&e).await.last().unwrap().draft.reason,
@@ -1397,8 +1438,8 @@ async fn escalated_delegation_waits_for_approval() {
             options.clone(),
         )
         .await
-        .unwrap_err();
-    let EngineError::Escalated {
+        .unwrap();
+    let Registration::Escalated {
         decision,
         escalation_id,
     } = err
@@ -1426,6 +1467,8 @@ async fn escalated_delegation_waits_for_approval() {
             options.clone(),
         )
         .await
+        .unwrap()
+        .registered()
         .unwrap();
     let env = e
         .envelope(view.envelope_id.as_ref().unwrap(), None)
@@ -1441,8 +1484,8 @@ async fn escalated_delegation_waits_for_approval() {
             options,
         )
         .await
-        .unwrap_err();
-    assert!(matches!(err, EngineError::Escalated { .. }));
+        .unwrap();
+    assert!(matches!(err, Registration::Escalated { .. }));
 }
 
 /// Envelopes stored outside the narrowing path (a record restored under
@@ -1626,6 +1669,8 @@ async fn without_context_there_are_no_envelopes() {
     let view = e
         .delegate(&id("researcher"), child("plain_child", &["artifact.save"]))
         .await
+        .unwrap()
+        .registered()
         .unwrap();
     assert_eq!(view.envelope_id, None);
     assert!(e.run_envelope(&rid("run-plain")).await.unwrap().is_none());
@@ -1638,7 +1683,10 @@ async fn without_context_there_are_no_envelopes() {
             "x"
         )
         .await,
-        Err(EngineError::NoEnvelope(_))
+        Err(EngineError::NotFound {
+            what: Missing::RunEnvelope,
+            ..
+        })
     ));
     let log = audit(&e).await;
     assert!(
@@ -1947,14 +1995,16 @@ fn random_delegation_trees() {
                     .delegate_with(&id(&parent), child(&name, &d.caps), options)
                     .await;
                 let view = match out {
-                    Ok(v) => v,
-                    Err(EngineError::Denied(_)) | Err(EngineError::Escalated { .. }) => {
+                    Ok(Registration::Registered { agent, .. }) => *agent,
+                    Ok(Registration::Refused { refusal: RegistrationRefusal::Context, .. })
+                    | Ok(Registration::Escalated { .. }) => {
                         assert!(e.agent(&id(&name)).is_err());
                         assert_eq!(e.store().load_agents().await.unwrap().len(), before);
                         // Refused only with something to refuse on.
                         assert!(source.is_some() || !d.declared.is_empty());
                         continue;
                     }
+                    Ok(other) => panic!("{other:?}"),
                     Err(other) => panic!("{other:?}"),
                 };
                 // Authority: within the parent's, nothing the envelope restricts.

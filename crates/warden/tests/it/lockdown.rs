@@ -3,10 +3,11 @@
 //! and no delegated agent ever holds a block-write capability.
 
 use std::collections::BTreeSet;
+use warden::{Registration, RegistrationRefusal};
 
 use proptest::prelude::*;
 use serde_json::json;
-use warden::{Caller, EngineError, RegisterAgent};
+use warden::{Caller, RegisterAgent};
 use warden_core::ids::ActionName;
 use warden_core::lockdown::parse_corpus;
 use warden_store::Store;
@@ -43,7 +44,13 @@ async fn corpus_through_child_registration() {
                 prebuilt(&child, vec![tool.clone()], None),
             )
             .await;
-        let refused = matches!(out, Err(EngineError::Lockdown(_)));
+        let refused = matches!(
+            out,
+            Ok(Registration::Refused {
+                refusal: RegistrationRefusal::Lockdown(_),
+                ..
+            })
+        );
         if refused != *is_write {
             mismatches.push(format!(
                 "{tool:?}: expected write={is_write}, refused={refused}"
@@ -74,8 +81,14 @@ async fn prebuilt_child_with_self_edit_flag_is_refused() {
             ),
         )
         .await
-        .unwrap_err();
-    assert!(matches!(err, EngineError::Lockdown(_)));
+        .unwrap();
+    assert!(matches!(
+        err,
+        Registration::Refused {
+            refusal: RegistrationRefusal::Lockdown(_),
+            ..
+        }
+    ));
     assert!(e.agent(&id("flagged")).is_err());
     // A non-boolean flag is a type error, never coerced.
     let err = e
@@ -88,8 +101,14 @@ async fn prebuilt_child_with_self_edit_flag_is_refused() {
             ),
         )
         .await
-        .unwrap_err();
-    assert!(matches!(err, EngineError::Lockdown(_)));
+        .unwrap();
+    assert!(matches!(
+        err,
+        Registration::Refused {
+            refusal: RegistrationRefusal::Lockdown(_),
+            ..
+        }
+    ));
     assert_eq!(
         audit(&e).await.pop().unwrap().draft.reason,
         "child_self_edit_flag_invalid"
@@ -106,7 +125,12 @@ async fn spec_child_config_is_sanitised_and_recorded() {
         tools: None,
         config: Some(json!({"prompt_block_self_edit": true, "model": "m"})),
     };
-    let view = e.delegate(&id("researcher"), req).await.unwrap();
+    let view = e
+        .delegate(&id("researcher"), req)
+        .await
+        .unwrap()
+        .registered()
+        .unwrap();
     assert_eq!(
         view.config,
         Some(json!({"prompt_block_self_edit": false, "model": "m"}))
@@ -131,7 +155,12 @@ async fn spec_child_config_is_sanitised_and_recorded() {
         tools: None,
         config: Some(json!({"model": "m"})),
     };
-    let view = e.delegate(&id("researcher"), req).await.unwrap();
+    let view = e
+        .delegate(&id("researcher"), req)
+        .await
+        .unwrap()
+        .registered()
+        .unwrap();
     assert_eq!(view.config, Some(json!({"model": "m"})));
     assert!(
         !audit(&e)
@@ -149,6 +178,8 @@ async fn root_agents_registered_by_the_operator_may_hold_block_tools() {
         prebuilt("editor_root", vec!["memory_block_append".into()], None),
     )
     .await
+    .unwrap()
+    .registered()
     .unwrap();
     assert!(e.agent(&id("editor_root")).is_ok());
 }
@@ -203,7 +234,12 @@ async fn block_write_actions_never_reach_a_delegated_child() {
         tools: None,
         config: None,
     };
-    let view = e.delegate(&id("report_manager"), req).await.unwrap();
+    let view = e
+        .delegate(&id("report_manager"), req)
+        .await
+        .unwrap()
+        .registered()
+        .unwrap();
     let eff: Vec<&str> = view
         .effective_capabilities
         .iter()
@@ -242,7 +278,9 @@ fn no_delegated_agent_holds_a_block_write_action() {
                     tools: None,
                     config: None,
                 };
-                e.delegate(&id(&parent), req).await.unwrap();
+                e.delegate(&id(&parent), req).await.unwrap()
+        .registered()
+        .unwrap();
                 names.push(name);
             }
             for n in names.iter().skip(1) {

@@ -6,11 +6,12 @@
 //! as a second engine over the same database would.
 
 use std::collections::BTreeSet;
+use warden::Missing;
 
 use serde_json::json;
 use warden::{Caller, EngineError, RegisterAgent};
 use warden_core::envelope::EnvelopeId;
-use warden_core::hierarchy::AgentStatus;
+use warden_core::hierarchy::{AgentStatus, HierarchyError};
 use warden_core::ids::ActionName;
 use warden_core::time::Timestamp;
 use warden_store::{Store, StoredAgent};
@@ -66,7 +67,10 @@ async fn an_agent_registered_elsewhere_is_applied_without_recording() {
         .unwrap();
     assert!(matches!(
         e.agent(&id("remote_child")),
-        Err(EngineError::UnknownAgent(_))
+        Err(EngineError::NotFound {
+            what: Missing::Agent,
+            ..
+        })
     ));
     let before = audit_len(&e).await;
     let applied = e
@@ -185,6 +189,8 @@ async fn an_agent_stored_under_a_parent_revoked_since_is_placed_revoked() {
     // concurrently (its store row may even say active).
     e.revoke_agent(&Caller::Operator, &id("researcher"))
         .await
+        .unwrap()
+        .revoked()
         .unwrap();
     let late = remote("late_child", "researcher", &["memory.read"]);
     e.store().insert_agent(late.clone(), vec![]).await.unwrap();
@@ -209,7 +215,13 @@ async fn an_unknown_parent_is_an_error_and_changes_nothing() {
     let mut revoked = stored(&e, "formatter").await;
     revoked.status = AgentStatus::Revoked;
     let err = e.apply_agents(vec![revoked, orphan]).await.unwrap_err();
-    assert!(matches!(err, EngineError::Hierarchy(_)), "{err:?}");
+    assert!(
+        matches!(
+            &err,
+            EngineError::Internal(cause) if cause.downcast_ref::<HierarchyError>().is_some()
+        ),
+        "{err:?}"
+    );
     // Nothing was applied, not even the valid revocation listed with it.
     assert_eq!(
         e.agent(&id("formatter")).unwrap().status,
@@ -247,6 +259,8 @@ async fn requests_naming_an_agent_registered_elsewhere_find_it() {
             },
         )
         .await
+        .unwrap()
+        .registered()
         .unwrap();
     assert_eq!(view.lineage.get(1), Some(&id("remote_parent")));
     // And so does revoking one.
@@ -255,6 +269,8 @@ async fn requests_naming_an_agent_registered_elsewhere_find_it() {
     let revoked = e
         .revoke_agent(&Caller::Operator, &id("remote_other"))
         .await
+        .unwrap()
+        .revoked()
         .unwrap();
     assert_eq!(revoked, vec![id("remote_other")]);
 }

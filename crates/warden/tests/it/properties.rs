@@ -249,6 +249,8 @@ async fn delegated_children_never_exceed_their_parent() {
             },
         )
         .await
+        .unwrap()
+        .registered()
         .unwrap();
     let parent = e.agent(&id("researcher")).unwrap();
     assert!(
