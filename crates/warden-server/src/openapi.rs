@@ -466,6 +466,14 @@ mod list_tests {
                 r.path
             );
             assert!(!d.success.is_empty(), "{}", d.id);
+            // The one field whose default is a real payload is set where
+            // meant.
+            assert_eq!(
+                matches!(d.response, Payload::OpenApi),
+                r.path == "/openapi.json",
+                "{}",
+                d.id
+            );
             assert!(d.success.iter().all(|s| (200..300).contains(s)), "{}", d.id);
             assert!(
                 d.errors.iter().all(|e| (400..600).contains(&e.status)),
