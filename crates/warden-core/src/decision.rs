@@ -168,6 +168,8 @@ pub mod reasons {
     pub const DEPTH_EXCEEDED: Reason = Reason::code("depth_exceeded");
     /// The declared parents form a cycle.
     pub const HIERARCHY_CYCLE: Reason = Reason::code("hierarchy_cycle");
+    /// A request that escalated before proceeds on a reviewer's approval.
+    pub const ESCALATION_APPROVED: Reason = Reason::code("escalation_approved");
 }
 
 /// Something a `constrain` verdict obliges later steps to respect.
