@@ -157,6 +157,19 @@ pub mod reasons {
     pub const CAPABILITY_GRANTED: Reason = Reason::code("capability_granted");
     /// An agent was registered.
     pub const AGENT_REGISTERED: Reason = Reason::code("agent_registered");
+    /// A registration reused an agent id.
+    pub const DUPLICATE_AGENT: Reason = Reason::code("duplicate_agent");
+    /// A registration named a parent that is not registered.
+    pub const UNKNOWN_PARENT: Reason = Reason::code("unknown_parent");
+    /// A registration named a revoked parent.
+    pub const PARENT_REVOKED: Reason = Reason::code("parent_revoked");
+    /// A registration would make the hierarchy too deep (or the agent table
+    /// is full).
+    pub const DEPTH_EXCEEDED: Reason = Reason::code("depth_exceeded");
+    /// The declared parents form a cycle.
+    pub const HIERARCHY_CYCLE: Reason = Reason::code("hierarchy_cycle");
+    /// A request that escalated before proceeds on a reviewer's approval.
+    pub const ESCALATION_APPROVED: Reason = Reason::code("escalation_approved");
 }
 
 /// Something a `constrain` verdict obliges later steps to respect.

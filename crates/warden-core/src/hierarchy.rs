@@ -22,6 +22,7 @@ use crate::FastMap as HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::capability::CapSet;
+use crate::decision::{Reason, reasons};
 use crate::ids::{ActionName, AgentId};
 
 /// Limits on the shape of the hierarchy.
@@ -156,6 +157,22 @@ pub enum HierarchyError {
     /// The table is full (over 4 billion agents).
     #[error("agent table is full")]
     Full,
+}
+
+impl HierarchyError {
+    /// The reason code a decision record carries for this refusal (the
+    /// constants in [`reasons`]). A full agent table is recorded as
+    /// `depth_exceeded`: both are the hierarchy's size limits.
+    pub fn reason(&self) -> Reason {
+        match self {
+            HierarchyError::DuplicateAgent(_) => reasons::DUPLICATE_AGENT,
+            HierarchyError::UnknownParent { .. } => reasons::UNKNOWN_PARENT,
+            HierarchyError::ParentRevoked { .. } => reasons::PARENT_REVOKED,
+            HierarchyError::TooDeep { .. } | HierarchyError::Full => reasons::DEPTH_EXCEEDED,
+            HierarchyError::Cycle(_) => reasons::HIERARCHY_CYCLE,
+            HierarchyError::UnknownAgent(_) => reasons::UNKNOWN_AGENT,
+        }
+    }
 }
 
 /// A registration that passed validation and can be committed infallibly.
@@ -479,5 +496,61 @@ impl<'h> Iterator for Lineage<'h> {
         let node = self.hierarchy.node(idx)?;
         self.next = node.parent;
         Some((idx, node))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(id: &str, parent: Option<&str>) -> AgentSpec {
+        AgentSpec {
+            id: AgentId::parse(id).unwrap(),
+            parent: parent.map(|p| AgentId::parse(p).unwrap()),
+            capabilities: BTreeSet::new(),
+        }
+    }
+
+    fn no_actions(_: &ActionName) -> Option<u16> {
+        None
+    }
+
+    #[test]
+    fn every_refusal_names_the_reason_the_engine_records() {
+        let mut h = Hierarchy::new(
+            CapSet::new(),
+            CapSet::new(),
+            HierarchyLimits { max_depth: 2 },
+        );
+        h.register(&spec("root", None), &no_actions).unwrap();
+        h.register(&spec("child", Some("root")), &no_actions)
+            .unwrap();
+        h.register(&spec("gone", Some("root")), &no_actions)
+            .unwrap();
+        h.revoke("gone").unwrap();
+        let before = h.len();
+
+        let refused = [
+            (spec("root", None), "duplicate_agent"),
+            (spec("orphan", Some("nobody")), "unknown_parent"),
+            (spec("late", Some("gone")), "parent_revoked"),
+            (spec("grandchild", Some("child")), "depth_exceeded"),
+        ];
+        for (s, code) in refused {
+            let err = h.register(&s, &no_actions).unwrap_err();
+            assert_eq!(err.reason().as_str(), code, "{err}");
+        }
+        assert_eq!(h.len(), before, "a refused registration changes nothing");
+
+        let err = h.revoke("nobody").unwrap_err();
+        assert_eq!(err.reason(), reasons::UNKNOWN_AGENT);
+
+        let mut bulk = Hierarchy::new(CapSet::new(), CapSet::new(), HierarchyLimits::default());
+        let err = bulk
+            .register_all(&[spec("a", Some("b")), spec("b", Some("a"))], &no_actions)
+            .unwrap_err();
+        assert_eq!(err.reason(), reasons::HIERARCHY_CYCLE);
+        assert!(bulk.is_empty());
+        assert_eq!(HierarchyError::Full.reason(), reasons::DEPTH_EXCEEDED);
     }
 }

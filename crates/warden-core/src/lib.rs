@@ -14,6 +14,7 @@
 //! - [`decision`]: verdicts, reason codes, obligations and decisions.
 //! - [`audit`]: the canonical encoding and hash chain of the decision log.
 //! - [`catalogue`]: the action catalogue and argument rules.
+//! - [`json`]: the strict JSON reader (duplicate keys, nesting limit).
 //! - [`sop`]: strict SOP parsing.
 //! - [`lockdown`]: the delegation write-surface predicate and config checks.
 //! - [`envelope`]: context envelopes, aggregation, delegation, signatures.
@@ -27,6 +28,7 @@ pub mod decision;
 pub mod envelope;
 pub mod hierarchy;
 pub mod ids;
+pub mod json;
 pub mod lockdown;
 pub mod memory;
 pub mod preflight;

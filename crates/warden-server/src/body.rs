@@ -9,129 +9,32 @@
 //!    (`duplicate_key`: two parsers disagreeing on which `action` a step has
 //!    is exactly the gap an attacker looks for) and no deeper than the depth
 //!    limit (`json_too_deep`, checked while parsing, before a deep value is
-//!    built).
+//!    built). The reader is core's [`warden_core::json`], the one the SOP
+//!    parser uses.
 //! 3. **Shape** (422): the value must deserialize into the route's wire
 //!    struct, whose unknown fields are refused (`unknown_field`,
 //!    `missing_field`, `wrong_type`, `invalid_value`, with the field's path
 //!    in `details.field`).
 
-use std::cell::RefCell;
-use std::fmt;
-
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, Request};
 use axum::http::{HeaderMap, StatusCode, header};
-use serde::de::{self, DeserializeOwned, DeserializeSeed, MapAccess, SeqAccess, Visitor};
-use serde_json::{Map, Number, Value, json};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use warden_core::json::{self, JsonErrorKind};
 use warden_core::sop::SopError;
 use warden_store::Store;
 
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// Deepest nesting the server ever accepts, whatever is configured:
-/// `serde_json` refuses 128 levels on its own.
-pub const MAX_SUPPORTED_DEPTH: usize = 120;
+/// Deepest nesting the server ever accepts, whatever is configured: the
+/// core reader's cap, below `serde_json`'s own recursion limit.
+pub const MAX_SUPPORTED_DEPTH: usize = json::MAX_SUPPORTED_DEPTH;
 
 /// Serialise a response value (never fails for `Value`).
 pub(crate) fn json_bytes(v: &impl serde::Serialize) -> Vec<u8> {
     serde_json::to_vec(v).unwrap_or_else(|_| b"{}".to_vec())
-}
-
-/// Why a body could not be read as JSON.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Problem {
-    TooDeep,
-    DuplicateKey(String),
-}
-
-struct Ctx {
-    max_depth: usize,
-    problem: RefCell<Option<Problem>>,
-}
-
-struct Seed<'c> {
-    depth: usize,
-    ctx: &'c Ctx,
-}
-
-impl Seed<'_> {
-    fn enter<E: de::Error>(&self) -> Result<usize, E> {
-        let depth = self.depth + 1;
-        if depth > self.ctx.max_depth {
-            *self.ctx.problem.borrow_mut() = Some(Problem::TooDeep);
-            return Err(E::custom("nesting too deep"));
-        }
-        Ok(depth)
-    }
-}
-
-impl<'de> DeserializeSeed<'de> for Seed<'_> {
-    type Value = Value;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Seed<'_> {
-    type Value = Value;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
-        Ok(Value::Bool(v))
-    }
-    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
-        Ok(Value::Number(v.into()))
-    }
-    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
-        Ok(Value::Number(v.into()))
-    }
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
-        Number::from_f64(v)
-            .map(Value::Number)
-            .ok_or_else(|| E::custom("number is not finite"))
-    }
-    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
-        Ok(Value::String(v.to_owned()))
-    }
-    fn visit_string<E>(self, v: String) -> Result<Value, E> {
-        Ok(Value::String(v))
-    }
-    fn visit_unit<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-    fn visit_none<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        let depth = self.enter()?;
-        let mut out = Vec::new();
-        while let Some(v) = seq.next_element_seed(Seed {
-            depth,
-            ctx: self.ctx,
-        })? {
-            out.push(v);
-        }
-        Ok(Value::Array(out))
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        let depth = self.enter()?;
-        let mut out = Map::new();
-        while let Some(key) = map.next_key::<String>()? {
-            if out.contains_key(&key) {
-                *self.ctx.problem.borrow_mut() = Some(Problem::DuplicateKey(key));
-                return Err(de::Error::custom("duplicate key"));
-            }
-            let v = map.next_value_seed(Seed {
-                depth,
-                ctx: self.ctx,
-            })?;
-            out.insert(key, v);
-        }
-        Ok(Value::Object(out))
-    }
 }
 
 /// Parse `bytes` as exactly one JSON value, refusing duplicate keys and
@@ -143,35 +46,27 @@ pub fn parse_strict(bytes: &[u8], max_depth: usize) -> Result<Value, ApiError> {
             "the body is empty; this route needs a JSON object",
         ));
     }
-    let ctx = Ctx {
-        max_depth: max_depth.min(MAX_SUPPORTED_DEPTH),
-        problem: RefCell::new(None),
-    };
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    let parsed = Seed {
-        depth: 0,
-        ctx: &ctx,
-    }
-    .deserialize(&mut de)
-    .and_then(|v| de.end().map(|()| v));
-    match (parsed, ctx.problem.into_inner()) {
-        (Ok(v), _) => Ok(v),
-        (Err(_), Some(Problem::TooDeep)) => Err(ApiError::bad_request(
+    json::parse_slice(bytes, max_depth).map_err(|e| match e.kind() {
+        JsonErrorKind::TooDeep { max } => ApiError::bad_request(
             "json_too_deep",
-            format!("the body nests deeper than {} levels", ctx.max_depth),
+            format!("the body nests deeper than {max} levels"),
         )
-        .with_details(json!({"max_depth": ctx.max_depth}))),
-        (Err(_), Some(Problem::DuplicateKey(key))) => Err(ApiError::bad_request(
+        .with_details(json!({"max_depth": max, "path": cut(e.path(), 128)})),
+        JsonErrorKind::DuplicateKey { key } => ApiError::bad_request(
             "duplicate_key",
             "an object in the body repeats a key",
         )
-        .with_details(json!({"key": cut(&key, 64)}))),
-        (Err(e), None) => Err(ApiError::bad_request(
+        .with_details(json!({"key": cut(key, 64), "path": cut(e.path(), 128)})),
+        JsonErrorKind::Malformed {
+            line,
+            column,
+            message,
+        } => ApiError::bad_request(
             "malformed_json",
-            format!("the body is not valid JSON: {e}"),
+            format!("the body is not valid JSON: {message}"),
         )
-        .with_details(json!({"line": e.line(), "column": e.column()}))),
-    }
+        .with_details(json!({"line": line, "column": column})),
+    })
 }
 
 fn cut(s: &str, max: usize) -> String {

@@ -35,8 +35,8 @@
 //!   (the server owns memory); other actions are executed by the caller's
 //!   adapter between `begin` and `complete`.
 //!
-//! Routes, statuses and error codes: see [`ROUTES`], [`error`] and the
-//! document served at `/openapi.json`.
+//! Routes, statuses and error codes: see [`API`] (the one route list),
+//! [`error`] and the document served at `/openapi.json`.
 
 pub mod auth;
 pub mod body;
@@ -59,7 +59,7 @@ use warden_store::Store;
 pub use auth::{OperatorTokenError, OperatorTokenSource, ensure_operator_token};
 pub use error::ApiError;
 pub use metered::Metered;
-pub use routes::{ROUTES, router};
+pub use routes::{API, Access, ErrorDoc, Payload, ROUTES, Route, RouteDoc, WireType, router};
 pub use signing::{EnvelopeKeyConfig, EnvelopeKeySource, EnvelopeSigner};
 pub use state::{AppState, Limits, ServerConfig};
 

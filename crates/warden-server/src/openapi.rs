@@ -1,503 +1,265 @@
-//! The OpenAPI 3.0 document, built from the wire types' JSON Schemas
-//! (schemars) and a table of operations that covers every route of
-//! [`ROUTES`](crate::ROUTES) (a test holds the two together).
+//! The OpenAPI 3.0 document and the README's route table, both generated
+//! from the route list [`API`] and the wire types' JSON Schemas
+//! (schemars).
+//!
+//! Request bodies and query strings are described as the server reads them
+//! (schemars' deserialize contract: a field with a default is optional);
+//! responses as the server writes them (the serialize contract: a field is
+//! required unless the server may omit it, and an `Option` that is always
+//! written is required and nullable).
 
+use std::fmt::Write as _;
 use std::sync::OnceLock;
 
+use schemars::SchemaGenerator;
 use schemars::generate::SchemaSettings;
-use schemars::{JsonSchema, SchemaGenerator};
 use serde_json::{Map, Value, json};
 
-use crate::wire::*;
+use crate::routes::{API, Access, ErrorDoc, Payload, Route};
+use crate::wire::ErrorResponse;
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Who {
-    Anyone,
-    Operator,
-    Agent,
-    Either,
-}
+const SCHEMA_PREFIX: &str = "#/components/schemas/";
 
-struct Op {
-    method: &'static str,
-    path: &'static str,
-    id: &'static str,
-    summary: &'static str,
-    who: Who,
+/// The schemas of one route, as references into the definitions.
+struct RouteSchemas {
+    route: &'static Route,
     request: Option<Value>,
-    /// Query parameters: name, description, and the allowed values of a
-    /// string parameter (`None`: a non-negative integer).
-    query: &'static [(&'static str, &'static str, Option<&'static [&'static str]>)],
-    success: (u16, Value),
-    /// Another success status with the same body (200 vs 201).
-    also: Option<u16>,
-    errors: &'static [u16],
+    query: Option<Value>,
+    response: Value,
 }
 
-fn schema<T: JsonSchema>(g: &mut SchemaGenerator) -> Value {
-    Value::from(g.subschema_for::<T>())
+/// Every route with its schemas, and every schema definition.
+struct Model {
+    routes: Vec<RouteSchemas>,
+    definitions: Map<String, Value>,
+    error: Value,
 }
 
-fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
-    let text = json!({"type": "string"});
-    vec![
-        Op {
-            method: "post",
-            path: "/v1/agents",
-            id: "registerAgent",
-            summary: "Register an agent; returns its token once",
-            who: Who::Operator,
-            request: Some(schema::<RegisterAgentRequest>(g)),
-            query: &[],
-            success: (201, schema::<AgentCreatedResponse>(g)),
-            also: None,
-            errors: &[400, 401, 403, 409, 413, 422, 429],
-        },
-        Op {
-            method: "get",
-            path: "/v1/agents/self",
-            id: "getSelf",
-            summary: "The calling agent, its lineage and effective capabilities",
-            who: Who::Agent,
-            request: None,
-            query: &[],
-            success: (200, schema::<AgentResponse>(g)),
-            also: None,
-            errors: &[401, 403, 429],
-        },
-        Op {
-            method: "post",
-            path: "/v1/agents/self/children",
-            id: "delegate",
-            summary: "Register a child of the calling agent (delegation lockdown applies)",
-            who: Who::Agent,
-            request: Some(schema::<DelegateRequest>(g)),
-            query: &[],
-            success: (201, schema::<AgentCreatedResponse>(g)),
-            also: None,
-            errors: &[400, 401, 403, 409, 413, 422, 429],
-        },
-        Op {
-            method: "get",
-            path: "/v1/agents/{id}",
-            id: "getAgent",
-            summary: "An agent (operator, the agent itself, its ancestors)",
-            who: Who::Either,
-            request: None,
-            query: &[],
-            success: (200, schema::<AgentResponse>(g)),
-            also: None,
-            errors: &[400, 401, 403, 404, 429],
-        },
-        Op {
-            method: "delete",
-            path: "/v1/agents/{id}",
-            id: "revokeAgent",
-            summary: "Revoke an agent and its descendants (operator, an ancestor)",
-            who: Who::Either,
-            request: None,
-            query: &[],
-            success: (200, schema::<RevokedResponse>(g)),
-            also: None,
-            errors: &[400, 401, 403, 404, 429],
-        },
-        Op {
-            method: "post",
-            path: "/v1/agents/{id}/tokens",
-            id: "issueToken",
-            summary: "Issue a revocable token for an agent",
-            who: Who::Operator,
-            request: None,
-            query: &[],
-            success: (201, schema::<TokenIssuedResponse>(g)),
-            also: None,
-            errors: &[400, 401, 403, 404, 409],
-        },
-        Op {
-            method: "delete",
-            path: "/v1/tokens/{token_id}",
-            id: "revokeToken",
-            summary: "Revoke one token; the agent stays active",
-            who: Who::Operator,
-            request: None,
-            query: &[],
-            success: (200, schema::<TokenRevokedResponse>(g)),
-            also: None,
-            errors: &[401, 403, 404],
-        },
-        Op {
-            method: "get",
-            path: "/v1/memory/{namespace}/{key}",
-            id: "readMemory",
-            summary: "Resolve a key toward the root, with provenance",
-            who: Who::Agent,
-            request: None,
-            query: &[],
-            success: (200, schema::<MemoryValueResponse>(g)),
-            also: None,
-            errors: &[400, 401, 403, 404, 429],
-        },
-        Op {
-            method: "put",
-            path: "/v1/memory/{namespace}/{key}",
-            id: "writeMemory",
-            summary: "Write a record in the caller's own scope (201 when created)",
-            who: Who::Agent,
-            request: Some(schema::<PutMemoryRequest>(g)),
-            query: &[],
-            success: (200, schema::<MemoryWrittenResponse>(g)),
-            also: Some(201),
-            errors: &[400, 401, 403, 409, 413, 415, 422, 429],
-        },
-        Op {
-            method: "delete",
-            path: "/v1/memory/{namespace}/{key}",
-            id: "deleteMemory",
-            summary: "Delete one of the caller's own records",
-            who: Who::Agent,
-            request: None,
-            query: &[("expected_revision", "delete only at this revision", None)],
-            success: (200, schema::<MemoryDeletedResponse>(g)),
-            also: None,
-            errors: &[400, 401, 403, 404, 409, 429],
-        },
-        Op {
-            method: "post",
-            path: "/v1/sops/validate",
-            id: "validateSop",
-            summary: "Preflight an SOP: every step's decision, nothing runs",
-            who: Who::Agent,
-            request: Some(schema::<ValidateSopRequest>(g)),
-            query: &[],
-            success: (200, schema::<ValidateResponse>(g)),
-            also: None,
-            errors: &[400, 401, 403, 413, 415, 422, 429],
-        },
-        Op {
-            method: "post",
-            path: "/v1/runs",
-            id: "admitRun",
-            summary: "Admit an SOP as a run (403 sop_rejected with every step's decision)",
-            who: Who::Agent,
-            request: Some(schema::<AdmitRunRequest>(g)),
-            query: &[],
-            success: (201, schema::<RunAdmittedResponse>(g)),
-            also: Some(200),
-            errors: &[400, 401, 403, 409, 413, 415, 422, 429],
-        },
-        Op {
-            method: "post",
-            path: "/v1/runs/{run}/steps/{step}/begin",
-            id: "beginStep",
-            summary: "The per-step gate (proceed / replay / executed; 403 step_denied)",
-            who: Who::Agent,
-            request: None,
-            query: &[],
-            success: (200, schema::<GateResponse>(g)),
-            also: None,
-            errors: &[400, 401, 403, 404, 409, 429],
-        },
-        Op {
-            method: "post",
-            path: "/v1/runs/{run}/steps/{step}/complete",
-            id: "completeStep",
-            summary: "Record a step's outcome exactly once",
-            who: Who::Agent,
-            request: Some(schema::<CompleteStepRequest>(g)),
-            query: &[],
-            success: (200, schema::<OutcomeBody>(g)),
-            also: None,
-            errors: &[400, 401, 403, 404, 409, 413, 415, 422, 429],
-        },
-        Op {
-            method: "get",
-            path: "/v1/runs/{run}/envelope",
-            id: "getRunEnvelope",
-            summary: "A run's context envelope: labels, derived labels, sensitivity, restrictions, version, delegation depth, parent (never data)",
-            who: Who::Either,
-            request: None,
-            query: &[],
-            success: (200, schema::<EnvelopeResponse>(g)),
-            also: None,
-            errors: &[400, 401, 403, 404, 429],
-        },
-        Op {
-            method: "get",
-            path: "/v1/runs/{run}/envelope/signed",
-            id: "exportRunEnvelope",
-            summary: "The run's envelope signed with the server's Ed25519 key (verify with GET /v1/envelope-key)",
-            who: Who::Either,
-            request: None,
-            query: &[],
-            success: (
-                200,
-                schema::<warden_core::envelope::sign::SignedEnvelope>(g),
-            ),
-            also: None,
-            errors: &[400, 401, 403, 404, 429],
-        },
-        Op {
-            method: "get",
-            path: "/v1/runs/{run}/receipt",
-            id: "runEnvelopeReceipt",
-            summary: "An opaque receipt for the run's envelope (reference, sensitivity tier, resolvable_until)",
-            who: Who::Either,
-            request: None,
-            query: &[],
-            success: (200, schema::<ReceiptResponse>(g)),
-            also: None,
-            errors: &[400, 401, 403, 404, 429],
-        },
-        Op {
-            method: "post",
-            path: "/v1/runs/{run}/declassify",
-            id: "declassifyRun",
-            summary: "Lower a run's envelope (the bundle's declassifiers only; 403 declassification_not_authorized, recorded)",
-            who: Who::Agent,
-            request: Some(schema::<DeclassifyRequest>(g)),
-            query: &[],
-            success: (200, schema::<DeclassifyResponse>(g)),
-            also: None,
-            errors: &[400, 401, 403, 404, 409, 413, 415, 422, 429],
-        },
-        Op {
-            method: "get",
-            path: "/v1/envelope-key",
-            id: "envelopeKey",
-            summary: "The issuer id and Ed25519 public key that verify exported envelopes",
-            who: Who::Anyone,
-            request: None,
-            query: &[],
-            success: (200, schema::<EnvelopeKeyResponse>(g)),
-            also: None,
-            errors: &[],
-        },
-        Op {
-            method: "get",
-            path: "/v1/escalations",
-            id: "listEscalations",
-            summary: "The escalation queue, oldest first",
-            who: Who::Operator,
-            request: None,
-            query: &[(
-                "status",
-                "only escalations with this status",
-                Some(&["pending", "approved", "rejected", "consumed"]),
-            )],
-            success: (200, schema::<EscalationListResponse>(g)),
-            also: None,
-            errors: &[400, 401, 403],
-        },
-        Op {
-            method: "get",
-            path: "/v1/escalations/{id}",
-            id: "getEscalation",
-            summary: "One escalation",
-            who: Who::Operator,
-            request: None,
-            query: &[],
-            success: (200, schema::<EscalationBody>(g)),
-            also: None,
-            errors: &[400, 401, 403, 404],
-        },
-        Op {
-            method: "post",
-            path: "/v1/escalations/{id}/approve",
-            id: "approveEscalation",
-            summary: "Approve an escalation (operator, or an ancestor of the requester): the held request proceeds once",
-            who: Who::Either,
-            request: None,
-            query: &[],
-            success: (200, schema::<ReviewResponse>(g)),
-            also: None,
-            errors: &[400, 401, 403, 404, 409, 429],
-        },
-        Op {
-            method: "post",
-            path: "/v1/escalations/{id}/reject",
-            id: "rejectEscalation",
-            summary: "Reject an escalation (operator, or an ancestor of the requester): the held request is denied",
-            who: Who::Either,
-            request: Some(schema::<RejectEscalationRequest>(g)),
-            query: &[],
-            success: (200, schema::<ReviewResponse>(g)),
-            also: None,
-            errors: &[400, 401, 403, 404, 409, 413, 415, 422, 429],
-        },
-        Op {
-            method: "get",
-            path: "/v1/audit",
-            id: "auditPage",
-            summary: "Page through the decision log",
-            who: Who::Operator,
-            request: None,
-            query: &[
-                ("after", "entries after this sequence number", None),
-                ("limit", "page size", None),
-            ],
-            success: (200, schema::<AuditPageResponse>(g)),
-            also: None,
-            errors: &[400, 401, 403],
-        },
-        Op {
-            method: "get",
-            path: "/v1/audit/verify",
-            id: "auditVerify",
-            summary: "Recompute the decision log's hash chain",
-            who: Who::Operator,
-            request: None,
-            query: &[],
-            success: (200, schema::<VerifyResponse>(g)),
-            also: None,
-            errors: &[401, 403],
-        },
-        Op {
-            method: "get",
-            path: "/healthz",
-            id: "health",
-            summary: "Liveness",
-            who: Who::Anyone,
-            request: None,
-            query: &[],
-            success: (200, schema::<HealthResponse>(g)),
-            also: None,
-            errors: &[],
-        },
-        Op {
-            method: "get",
-            path: "/metrics",
-            id: "metrics",
-            summary: "Prometheus metrics (text exposition format)",
-            who: Who::Anyone,
-            request: None,
-            query: &[],
-            success: (200, text.clone()),
-            also: None,
-            errors: &[],
-        },
-        Op {
-            method: "get",
-            path: "/openapi.json",
-            id: "openapi",
-            summary: "This document",
-            who: Who::Anyone,
-            request: None,
-            query: &[],
-            success: (200, json!({"type": "object"})),
-            also: None,
-            errors: &[],
-        },
-    ]
+fn generators() -> (SchemaGenerator, SchemaGenerator) {
+    (
+        SchemaSettings::openapi3()
+            .for_deserialize()
+            .into_generator(),
+        SchemaSettings::openapi3().for_serialize().into_generator(),
+    )
 }
 
-fn path_params(path: &str) -> Vec<Value> {
-    path.split('/')
-        .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+fn model() -> Model {
+    let (mut requests, mut responses) = generators();
+    let error = Value::from(responses.subschema_for::<ErrorResponse>());
+    let routes = API
+        .iter()
+        .map(|route| {
+            let d = &route.doc;
+            RouteSchemas {
+                route,
+                request: d.request.map(|w| Value::from((w.schema)(&mut requests))),
+                query: d.query.map(|w| Value::from((w.schema)(&mut requests))),
+                response: match d.response {
+                    Payload::Json(w) => Value::from((w.schema)(&mut responses)),
+                    Payload::Prometheus => json!({"type": "string"}),
+                    Payload::OpenApi => json!({"type": "object"}),
+                },
+            }
+        })
+        .collect();
+    let mut definitions = requests.take_definitions(true);
+    for (name, schema) in responses.take_definitions(true) {
+        definitions.entry(name).or_insert(schema);
+    }
+    Model {
+        routes,
+        definitions,
+        error,
+    }
+}
+
+/// `schema`, or the definition it refers to.
+fn resolve<'a>(schema: &'a Value, definitions: &'a Map<String, Value>) -> &'a Value {
+    schema
+        .get("$ref")
+        .and_then(Value::as_str)
+        .and_then(|r| r.strip_prefix(SCHEMA_PREFIX))
+        .and_then(|name| definitions.get(name))
+        .unwrap_or(schema)
+}
+
+/// The properties of an object schema with whether each is required.
+fn properties<'a>(
+    schema: &'a Value,
+    definitions: &'a Map<String, Value>,
+) -> Vec<(&'a str, &'a Value, bool)> {
+    let schema = resolve(schema, definitions);
+    let required: Vec<&str> = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .map(|props| {
+            props
+                .iter()
+                .map(|(name, s)| (name.as_str(), s, required.contains(&name.as_str())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn who(access: Access) -> &'static str {
+    match access {
+        Access::Public => "anyone",
+        Access::Operator => "the operator token",
+        Access::Agent => "an agent token (the acting agent is the token's)",
+        Access::OperatorOrAgent => "the operator or an agent token",
+    }
+}
+
+/// The errors of one status, in words: `code (note), code`.
+fn describe(errors: &[&ErrorDoc], code: impl Fn(&str) -> String) -> String {
+    errors
+        .iter()
+        .map(|e| {
+            if e.note.is_empty() {
+                code(e.code)
+            } else {
+                format!("{} ({})", code(e.code), e.note)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `errors` grouped by status, in order of first appearance.
+fn by_status(errors: &[ErrorDoc]) -> Vec<(u16, Vec<&ErrorDoc>)> {
+    let mut groups: Vec<(u16, Vec<&ErrorDoc>)> = Vec::new();
+    for e in errors {
+        match groups.iter_mut().find(|(s, _)| *s == e.status) {
+            Some((_, g)) => g.push(e),
+            None => groups.push((e.status, vec![e])),
+        }
+    }
+    groups
+}
+
+fn operation(r: &RouteSchemas, m: &Model) -> Value {
+    let route = r.route;
+    let d = &route.doc;
+    let media = match d.response {
+        Payload::Prometheus => "text/plain",
+        Payload::Json(_) | Payload::OpenApi => "application/json",
+    };
+    let mut responses = Map::new();
+    for status in d.success {
+        responses.insert(
+            status.to_string(),
+            json!({"description": "success", "content": {media: {"schema": r.response}}}),
+        );
+    }
+    for (status, errors) in by_status(&route.errors()) {
+        responses.insert(
+            status.to_string(),
+            json!({
+                "description": describe(&errors, str::to_owned),
+                "x-error-codes": errors.iter().map(|e| e.code).collect::<Vec<_>>(),
+                "content": {"application/json": {"schema": m.error}},
+            }),
+        );
+    }
+    let mut parameters: Vec<Value> = route
+        .params()
         .map(|name| {
             json!({
                 "name": name, "in": "path", "required": true,
                 "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"}
             })
         })
-        .collect()
+        .collect();
+    if let Some(query) = &r.query {
+        for (name, schema, required) in properties(query, &m.definitions) {
+            let (description, schema) = query_schema(schema);
+            parameters.push(json!({
+                "name": name, "in": "query", "required": required,
+                "description": description, "schema": schema
+            }));
+        }
+    }
+    let description = if d.callers.is_empty() {
+        format!("Caller: {}.", who(d.access))
+    } else {
+        format!("Caller: {} ({}).", who(d.access), d.callers)
+    };
+    let mut op = Map::new();
+    op.insert("operationId".into(), json!(d.id));
+    op.insert("summary".into(), json!(d.summary));
+    op.insert("description".into(), json!(description));
+    op.insert("parameters".into(), json!(parameters));
+    op.insert("responses".into(), Value::Object(responses));
+    if d.access != Access::Public {
+        op.insert("security".into(), json!([{"bearer": []}]));
+    }
+    if let Some(req) = &r.request {
+        op.insert(
+            "requestBody".into(),
+            json!({"required": true, "content": {"application/json": {"schema": req}}}),
+        );
+    }
+    Value::Object(op)
 }
 
-fn describe_status(code: u16) -> &'static str {
-    match code {
-        400 => {
-            "unreadable request (malformed_json, duplicate_key, json_too_deep, invalid_identifier, invalid_query)"
-        }
-        401 => "missing_token, invalid_token, token_revoked",
-        403 => "denied; the decision is in the audit log",
-        404 => "not_found (missing and not visible answer alike)",
-        409 => {
-            "conflict (revision_conflict, duplicate_agent, run_id_conflict, escalation_not_pending, ...)"
-        }
-        413 => "body_too_large, value_too_large",
-        415 => "unsupported_media_type",
-        422 => "invalid for the route (unknown_field, wrong_type, invalid_sop, ...)",
-        429 => "quota exhausted (quota_*)",
-        _ => "error",
+/// A query field's description and its schema as a parameter's: a query
+/// parameter is absent rather than null, so the `null` alternative, the
+/// `nullable` flag and a `null` default go.
+fn query_schema(field: &Value) -> (Value, Value) {
+    let mut schema = field.clone();
+    let Some(o) = schema.as_object_mut() else {
+        return (Value::Null, schema);
+    };
+    let description = o.remove("description").unwrap_or(Value::Null);
+    o.remove("nullable");
+    if o.get("default").is_some_and(Value::is_null) {
+        o.remove("default");
     }
+    let not_null: Vec<Value> = o
+        .get("anyOf")
+        .and_then(Value::as_array)
+        .map(|alts| {
+            alts.iter()
+                .filter(|a| a.get("nullable").is_none() && a.get("enum") != Some(&json!([null])))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    if let [only] = not_null.as_slice() {
+        o.remove("anyOf");
+        if let Some(alt) = only.as_object() {
+            for (k, v) in alt {
+                o.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    (description, schema)
 }
 
 /// The OpenAPI document.
 pub fn document() -> Value {
-    let mut g = SchemaSettings::openapi3().into_generator();
-    let error = schema::<ErrorResponse>(&mut g);
+    let mut m = model();
     let mut paths: Map<String, Value> = Map::new();
-    for op in operations(&mut g) {
-        let mut responses = Map::new();
-        let media = if op.path == "/metrics" {
-            "text/plain"
-        } else {
-            "application/json"
-        };
-        if let Some(also) = op.also {
-            responses.insert(
-                also.to_string(),
-                json!({"description": "success", "content": {media: {"schema": op.success.1.clone()}}}),
-            );
-        }
-        responses.insert(
-            op.success.0.to_string(),
-            json!({"description": "success", "content": {media: {"schema": op.success.1}}}),
-        );
-        for code in op.errors {
-            responses.insert(
-                code.to_string(),
-                json!({"description": describe_status(*code),
-                       "content": {"application/json": {"schema": error.clone()}}}),
-            );
-        }
-        if op.who != Who::Anyone {
-            responses.insert(
-                "500".into(),
-                json!({"description": "internal error (logged, not detailed)",
-                       "content": {"application/json": {"schema": error.clone()}}}),
-            );
-        }
-        let mut parameters = path_params(op.path);
-        for (name, desc, values) in op.query {
-            let schema = match values {
-                None => json!({"type": "integer", "format": "int64", "minimum": 0}),
-                Some(values) => json!({"type": "string", "enum": values}),
-            };
-            parameters.push(json!({
-                "name": name, "in": "query", "required": false, "description": desc,
-                "schema": schema
-            }));
-        }
-        let who = match op.who {
-            Who::Anyone => "anyone",
-            Who::Operator => "the operator token",
-            Who::Agent => "an agent token (the acting agent is the token's)",
-            Who::Either => "the operator or an agent token",
-        };
-        let mut operation = json!({
-            "operationId": op.id,
-            "summary": op.summary,
-            "description": format!("Caller: {who}."),
-            "parameters": parameters,
-            "responses": responses,
-        });
-        if op.who != Who::Anyone
-            && let Some(o) = operation.as_object_mut()
-        {
-            o.insert("security".into(), json!([{"bearer": []}]));
-        }
-        if let (Some(req), Some(o)) = (op.request, operation.as_object_mut()) {
-            o.insert(
-                "requestBody".into(),
-                json!({"required": true, "content": {"application/json": {"schema": req}}}),
-            );
-        }
-        let entry = paths.entry(op.path.to_owned()).or_insert_with(|| json!({}));
+    for r in &m.routes {
+        let entry = paths
+            .entry(r.route.path.to_owned())
+            .or_insert_with(|| json!({}));
         if let Some(e) = entry.as_object_mut() {
-            e.insert(op.method.to_owned(), operation);
+            e.insert(r.route.method.to_ascii_lowercase(), operation(r, &m));
         }
     }
-    let schemas = g.take_definitions(true);
+    // Query strings are documented as parameters, not as schemas.
+    for r in API {
+        if let Some(q) = r.doc.query {
+            m.definitions.remove(q.name);
+        }
+    }
     json!({
         "openapi": "3.0.3",
         "info": {
@@ -507,7 +269,7 @@ pub fn document() -> Value {
         },
         "paths": paths,
         "components": {
-            "schemas": schemas,
+            "schemas": m.definitions,
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}
         }
     })
@@ -518,6 +280,121 @@ pub fn document_bytes() -> Vec<u8> {
     static DOC: OnceLock<Vec<u8>> = OnceLock::new();
     DOC.get_or_init(|| crate::body::json_bytes(&document()))
         .clone()
+}
+
+/// `{a, b?}`: the fields of an object schema, `?` on those that may be
+/// absent.
+fn fields(schema: &Value, definitions: &Map<String, Value>) -> String {
+    let names: Vec<String> = properties(schema, definitions)
+        .into_iter()
+        .map(|(name, _, required)| {
+            if required {
+                name.to_owned()
+            } else {
+                format!("{name}?")
+            }
+        })
+        .collect();
+    format!("{{{}}}", names.join(", "))
+}
+
+/// Every string an enum schema allows, looking through references and
+/// `oneOf` / `anyOf` alternatives.
+fn enum_values(schema: &Value, definitions: &Map<String, Value>, out: &mut Vec<String>) {
+    let schema = resolve(schema, definitions);
+    if let Some(values) = schema.get("enum").and_then(Value::as_array) {
+        out.extend(values.iter().filter_map(Value::as_str).map(str::to_owned));
+    }
+    for key in ["oneOf", "anyOf", "allOf"] {
+        for alt in schema
+            .get(key)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            enum_values(alt, definitions, out);
+        }
+    }
+}
+
+/// `?a=N&b=x|y`: a query string's parameters with their values.
+fn query_string(schema: &Value, definitions: &Map<String, Value>) -> String {
+    let params: Vec<String> = properties(schema, definitions)
+        .into_iter()
+        .map(|(name, s, _)| {
+            let mut values = Vec::new();
+            enum_values(s, definitions, &mut values);
+            let value = if !values.is_empty() {
+                values.join("|")
+            } else if s.get("type").and_then(Value::as_str) == Some("integer") {
+                "N".to_owned()
+            } else {
+                "VALUE".to_owned()
+            };
+            format!("{name}={value}")
+        })
+        .collect();
+    format!("?{}", params.join("&"))
+}
+
+fn cell(text: &str) -> String {
+    text.replace('|', "\\|")
+}
+
+/// The route table of the crate's README: one row per route of
+/// [`API`], with its caller, success answer and the errors
+/// particular to it (the shared ones are described above the table).
+pub fn route_table() -> String {
+    let m = model();
+    let mut out = String::from(
+        "| route | caller | success | route-specific errors |\n| --- | --- | --- | --- |\n",
+    );
+    for r in &m.routes {
+        let d = &r.route.doc;
+        let mut route = format!("{} {}", r.route.method, r.route.path);
+        if let Some(q) = &r.query {
+            route.push_str(&query_string(q, &m.definitions));
+        }
+        let mut route = format!("`{route}`");
+        if let Some(body) = &r.request {
+            let _ = write!(route, " `{}`", fields(body, &m.definitions));
+        }
+        let caller = if !d.callers.is_empty() {
+            d.callers
+        } else {
+            match d.access {
+                Access::Public => "anyone",
+                Access::Operator => "operator",
+                Access::Agent => "agent",
+                Access::OperatorOrAgent => "operator, agent",
+            }
+        };
+        let statuses: Vec<String> = d.success.iter().map(u16::to_string).collect();
+        let mut success = statuses.join(" / ");
+        match d.response {
+            Payload::Json(_) => {
+                let _ = write!(success, " `{}`", fields(&r.response, &m.definitions));
+            }
+            Payload::Prometheus => success.push_str(" Prometheus text"),
+            Payload::OpenApi => success.push_str(" OpenAPI 3.0 document"),
+        }
+        if !d.outcome.is_empty() {
+            let _ = write!(success, ": {}", d.outcome);
+        }
+        let errors: Vec<String> = by_status(d.errors)
+            .into_iter()
+            .map(|(status, errors)| format!("{status} {}", describe(&errors, |c| format!("`{c}`"))))
+            .collect();
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} |",
+            cell(&route),
+            cell(caller),
+            cell(&success),
+            cell(&errors.join("; "))
+        );
+    }
+    out
 }
 
 #[cfg(test)]
@@ -545,6 +422,251 @@ mod tests {
         for part in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
             let name = part.split('"').next().unwrap();
             assert!(schemas.contains_key(name), "dangling ref {name}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod list_tests {
+    use std::collections::BTreeSet;
+
+    use serde::Serialize;
+    use warden_core::ids::{AgentId, Key, Namespace};
+
+    use super::*;
+    use crate::routes::{ROUTES, WireType};
+    use crate::wire::{DecisionBody, GateBody, GateResponse, MemoryValueResponse, VerdictBody};
+
+    fn wire_types(r: &Route) -> Vec<(WireType, bool)> {
+        let mut out = Vec::new();
+        if let Some(w) = r.doc.request {
+            out.push((w, true));
+        }
+        if let Some(w) = r.doc.query {
+            out.push((w, true));
+        }
+        if let Payload::Json(w) = r.doc.response {
+            out.push((w, false));
+        }
+        out
+    }
+
+    #[test]
+    fn route_list_is_well_formed() {
+        let mut ids = BTreeSet::new();
+        let mut routes = BTreeSet::new();
+        for r in API {
+            let d = &r.doc;
+            assert!(!d.id.is_empty() && !d.summary.is_empty(), "{}", r.path);
+            assert!(ids.insert(d.id), "operationId {} twice", d.id);
+            assert!(
+                routes.insert((r.method, r.path)),
+                "{} {} twice",
+                r.method,
+                r.path
+            );
+            assert!(!d.success.is_empty(), "{}", d.id);
+            // The one field whose default is a real payload is set where
+            // meant.
+            assert_eq!(
+                matches!(d.response, Payload::OpenApi),
+                r.path == "/openapi.json",
+                "{}",
+                d.id
+            );
+            assert!(d.success.iter().all(|s| (200..300).contains(s)), "{}", d.id);
+            assert!(
+                d.errors.iter().all(|e| (400..600).contains(&e.status)),
+                "{}",
+                d.id
+            );
+            let mut own = BTreeSet::new();
+            for e in d.errors {
+                assert!(own.insert((e.status, e.code)), "{}: {} twice", d.id, e.code);
+            }
+            // Every own error is in the route's full list, with its note.
+            let all = r.errors();
+            for e in d.errors {
+                assert!(all.contains(e), "{}: {} lost", d.id, e.code);
+            }
+            // Shared errors follow from the route's kind.
+            let has = |code: &str| all.iter().any(|e| e.code == code);
+            assert_eq!(has("missing_token"), d.access != Access::Public, "{}", d.id);
+            assert_eq!(
+                has("unsupported_media_type"),
+                d.request.is_some(),
+                "{}",
+                d.id
+            );
+            assert_eq!(has("invalid_query"), d.query.is_some(), "{}", d.id);
+            assert!(
+                all.windows(2).all(|w| w[0].status <= w[1].status),
+                "{}",
+                d.id
+            );
+        }
+        assert_eq!(ROUTES.len(), API.len());
+        for (pair, r) in ROUTES.iter().zip(API) {
+            assert_eq!(*pair, (r.method, r.path));
+        }
+    }
+
+    #[test]
+    fn wire_type_names_are_their_schema_names() {
+        let (mut requests, mut responses) = generators();
+        for r in API {
+            for (w, read) in wire_types(r) {
+                let g = if read { &mut requests } else { &mut responses };
+                let schema = Value::from((w.schema)(g));
+                assert_eq!(
+                    schema["$ref"],
+                    json!(format!("{SCHEMA_PREFIX}{}", w.name)),
+                    "{} {}",
+                    r.method,
+                    r.path
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn request_and_response_schemas_agree_where_they_share_a_name() {
+        let (mut requests, mut responses) = generators();
+        for r in API {
+            for (w, read) in wire_types(r) {
+                let g = if read { &mut requests } else { &mut responses };
+                (w.schema)(g);
+            }
+        }
+        let read = requests.take_definitions(true);
+        let written = responses.take_definitions(true);
+        let shared: Vec<&String> = read.keys().filter(|k| written.contains_key(*k)).collect();
+        assert!(shared.iter().any(|k| k.as_str() == "SensitivityBody"));
+        for name in shared {
+            assert_eq!(read[name], written[name], "{name}");
+        }
+    }
+
+    /// Every field a response schema calls required is in a minimal value
+    /// the server writes, and every field it writes is documented.
+    fn check_written<T: Serialize>(name: &str, value: &T) {
+        let doc = document();
+        let schema = &doc["components"]["schemas"][name];
+        let written = serde_json::to_value(value).unwrap();
+        let written = written.as_object().unwrap();
+        for field in schema["required"].as_array().unwrap() {
+            let field = field.as_str().unwrap();
+            assert!(
+                written.contains_key(field),
+                "{name}.{field} required but omitted"
+            );
+        }
+        for field in written.keys() {
+            assert!(
+                schema["properties"].get(field).is_some(),
+                "{name}.{field} undocumented"
+            );
+        }
+    }
+
+    fn decision() -> DecisionBody {
+        DecisionBody {
+            verdict: VerdictBody::Allow,
+            reason: "ok".into(),
+            subject: "a".into(),
+            operation: "memory.read".into(),
+            resource: "r".into(),
+            policy_version: "1".into(),
+            obligations: vec![],
+            time: 0,
+        }
+    }
+
+    #[test]
+    fn response_schemas_require_only_what_the_server_always_writes() {
+        check_written("DecisionBody", &decision());
+        check_written(
+            "GateResponse",
+            &GateResponse {
+                gate: GateBody::Proceed,
+                decision: decision(),
+                operation_id: None,
+                action: None,
+                arguments: None,
+                outcome: None,
+            },
+        );
+        check_written(
+            "MemoryValueResponse",
+            &MemoryValueResponse {
+                namespace: Namespace::parse("n").unwrap(),
+                key: Key::parse("k").unwrap(),
+                value: json!(1),
+                owner_agent_id: AgentId::parse("a").unwrap(),
+                visibility: warden_core::memory::Visibility::Private,
+                class: "preference".into(),
+                revision: 1,
+                reason: "visible_from:a".into(),
+                combinator: None,
+                contributors: vec![],
+            },
+        );
+        // An `Option` the server always writes is required (and nullable).
+        let doc = document();
+        let created = &doc["components"]["schemas"]["AgentCreatedResponse"];
+        assert!(
+            created["required"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("parent_id"))
+        );
+    }
+
+    #[test]
+    fn query_parameters_are_plain_optional_values() {
+        let doc = document();
+        let params = &doc["paths"]["/v1/audit"]["get"]["parameters"];
+        let names: Vec<&str> = params
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["after", "limit"]);
+        for p in params.as_array().unwrap() {
+            assert_eq!(p["in"], json!("query"));
+            assert_eq!(p["required"], json!(false));
+            assert_eq!(p["schema"]["type"], json!("integer"));
+            assert!(p["schema"].get("nullable").is_none(), "{p}");
+        }
+        let status = &doc["paths"]["/v1/escalations"]["get"]["parameters"][0];
+        assert_eq!(
+            status["schema"]["$ref"],
+            json!("#/components/schemas/EscalationStatusBody")
+        );
+        assert!(doc["components"]["schemas"].get("AuditQuery").is_none());
+    }
+
+    #[test]
+    fn every_error_answer_names_its_codes_and_the_error_shape() {
+        let doc = document();
+        for r in API {
+            let op = &doc["paths"][r.path][r.method.to_ascii_lowercase()];
+            for (status, errors) in by_status(&r.errors()) {
+                let answer = &op["responses"][status.to_string()];
+                let codes: Vec<&str> = errors.iter().map(|e| e.code).collect();
+                assert_eq!(answer["x-error-codes"], json!(codes), "{} {status}", r.path);
+                assert_eq!(
+                    answer["content"]["application/json"]["schema"]["$ref"],
+                    json!("#/components/schemas/ErrorResponse")
+                );
+            }
+        }
+        let write = &doc["paths"]["/v1/memory/{namespace}/{key}"]["put"]["responses"];
+        for status in [
+            "200", "201", "400", "401", "403", "409", "413", "415", "422", "429", "500", "503",
+        ] {
+            assert!(write[status].is_object(), "{status}");
         }
     }
 }

@@ -273,17 +273,7 @@ pub fn decide(
     }
 
     // 2. no restricted authority leaves the enforcement boundary.
-    if let ContextRequest::Delegation {
-        target: TrustZone::External,
-        delegatee_authority,
-    } = request
-        && let Some(a) = delegatee_authority.iter().find(|a| {
-            !policy
-                .denying_action(a.name, a.tags)
-                .intersect(c.restrictions)
-                .is_empty()
-        })
-    {
+    if let Some(a) = restricted_authority_leaving(policy, request, c.restrictions) {
         return decision(
             Verdict::Deny,
             Reason::with_param(reasons::DELEGATION_DENIED, a.name),
@@ -325,6 +315,28 @@ pub fn decide(
             obligations,
         )
     }
+}
+
+/// For an external delegation, the first action the delegatee can perform
+/// that `restrictions` deny: beyond the boundary nothing enforces them.
+fn restricted_authority_leaving<'r>(
+    policy: &ContextPolicy,
+    request: &ContextRequest<'r>,
+    restrictions: RestrictionBits,
+) -> Option<&'r ActionRef<'r>> {
+    let ContextRequest::Delegation {
+        target: TrustZone::External,
+        delegatee_authority,
+    } = request
+    else {
+        return None;
+    };
+    delegatee_authority.iter().find(|a| {
+        !policy
+            .denying_action(a.name, a.tags)
+            .intersect(restrictions)
+            .is_empty()
+    })
 }
 
 /// The authority a delegatee may exercise on delegated work:

@@ -14,7 +14,8 @@
 //! 1. The engine starts a workflow with [`Envelope::root`].
 //! 2. Before a step runs, [`decide`] answers `allow`, `constrain` (allowed,
 //!    with [`Obligation`](crate::decision::Obligation)s), `deny` or
-//!    `escalate`.
+//!    `escalate`; for a run step, [`ContextGate`] keeps that answer for the
+//!    step's begin and its completion.
 //! 3. After it ran, [`Envelope::fold`] accumulates the labels its result
 //!    actually carries (never a projection of output not yet produced).
 //! 4. [`Envelope::delegate`] builds a child's envelope, and
@@ -113,6 +114,7 @@
 
 mod bits;
 mod decide;
+mod gate;
 mod ident;
 mod names;
 mod policy;
@@ -128,6 +130,7 @@ pub use decide::{
     ActionRef, ContextDecision, ContextObligations, ContextRequest, RestrictionSet, decide,
     effective_delegated_authority,
 };
+pub use gate::ContextGate;
 pub use ident::{EnvelopeId, IssuerId, WorkflowId};
 pub use policy::{
     AggregationRuleSpec, BackstopSpec, BackstopVerdict, ContextPolicy, ContextPolicyError,

@@ -25,8 +25,6 @@
 //! `owner` or `owner_agent_id` inside `arguments` is only data: identity
 //! comes from the runtime, never from the SOP.
 
-mod strict;
-
 use std::fmt;
 
 use serde::{Serialize, Serializer};
@@ -34,6 +32,7 @@ use serde_json::{Map, Value};
 
 use crate::catalogue::encoded_json_len_exceeds;
 use crate::ids::{ActionName, IdentifierError, MAX_IDENTIFIER_LEN, SopId, StepId};
+use crate::json::{self, JsonErrorKind, PathSeg, render_path};
 
 /// Deepest argument nesting supported, whatever [`SopLimits::max_depth`]
 /// says: `serde_json` refuses documents nested 128 levels deep, and the
@@ -302,65 +301,32 @@ impl SopError {
     }
 }
 
-/// One step of a field path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PathSeg<'a> {
-    Key(&'a str),
-    Index(usize),
-}
-
-/// Longest key written into a field path.
-const MAX_KEY_IN_PATH: usize = 64;
-
-/// Render `base` followed by `segs` as `a.b[2]["odd key"]`.
-fn render_path<'a>(base: &str, segs: impl IntoIterator<Item = PathSeg<'a>>) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::from(base);
-    for seg in segs {
-        match seg {
-            PathSeg::Index(i) => {
-                let _ = write!(out, "[{i}]");
-            }
-            PathSeg::Key(key)
-                if !key.is_empty()
-                    && key.len() <= MAX_KEY_IN_PATH
-                    && key
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') =>
-            {
-                if !out.is_empty() {
-                    out.push('.');
-                }
-                out.push_str(key);
-            }
-            PathSeg::Key(key) => {
-                let mut end = key.len().min(MAX_KEY_IN_PATH);
-                while !key.is_char_boundary(end) {
-                    end -= 1;
-                }
-                let shown = key.get(..end).unwrap_or("");
-                let quoted = serde_json::to_string(shown).unwrap_or_else(|_| "\"?\"".to_owned());
-                out.push('[');
-                out.push_str(&quoted);
-                if end < key.len() {
-                    out.push('…');
-                }
-                out.push(']');
-            }
-        }
-    }
-    out
-}
-
 /// Parse an SOP from JSON text.
 ///
 /// Duplicate keys anywhere in the document are refused
 /// (`duplicate_field`), and nesting is bounded while parsing, so an
 /// over-deep document fails with `nesting_too_deep` naming the container
 /// instead of building it.
-pub fn parse_sop(json: &str, limits: &SopLimits) -> Result<Sop, SopError> {
+pub fn parse_sop(text: &str, limits: &SopLimits) -> Result<Sop, SopError> {
     // Root object, `steps` array and step object come before `arguments`.
-    let value = strict::parse_value(json, limits.depth() + 3, limits.depth())?;
+    let value = json::parse_str(text, limits.depth() + 3).map_err(|e| {
+        let kind = match e.kind() {
+            JsonErrorKind::Malformed {
+                line,
+                column,
+                message,
+            } => SopErrorKind::MalformedJson {
+                line: *line,
+                column: *column,
+                message: message.clone(),
+            },
+            JsonErrorKind::DuplicateKey { .. } => SopErrorKind::DuplicateField,
+            JsonErrorKind::TooDeep { .. } => SopErrorKind::NestingTooDeep {
+                max: limits.depth(),
+            },
+        };
+        SopError::new(e.path(), kind)
+    })?;
     sop_from_value(&value, limits)
 }
 

@@ -13,5 +13,6 @@ mod identity;
 mod lifecycle;
 mod lockdown;
 mod quotas;
+mod routes;
 mod scenario;
 mod support;
