@@ -6,7 +6,7 @@ use warden_core::audit::Digest;
 use warden_core::canonical::to_canonical;
 use warden_core::decision::{Reason, Verdict};
 use warden_core::ids::{AgentId, RunId};
-use warden_core::preflight::{Preflight, PreflightContext, preflight};
+use warden_core::preflight::{Preflight, PreflightContext, RunContext, admit, preflight};
 use warden_core::sop::Sop;
 use warden_store::{CreateRun, RunRecord, RunStep, Store};
 
@@ -66,7 +66,6 @@ impl<S: Store> Engine<S> {
     ) -> Result<Admission, EngineError> {
         let now = self.now();
         let caller = Caller::Agent(actor.clone());
-        let mut result = self.preflight(actor, sop)?;
         let run_id = match run_id {
             Some(r) => r,
             None => new_run_id()?,
@@ -74,15 +73,40 @@ impl<S: Store> Engine<S> {
         let sop_value = serde_json::to_value(sop).map_err(EngineError::internal)?;
         let sop_hash = Digest::of(&to_canonical(&sop_value));
         let mut opened = None;
-        if result.admitted && self.context_policy().is_some() {
-            // An existing run keeps its envelope: open none for it.
-            if let Some(state) = self.inner.store.get_run(run_id.clone()).await? {
-                return existing_admission(state, actor, sop_hash, result, &run_id);
+        let result = match self.context_policy() {
+            None => self.preflight(actor, sop)?,
+            Some(policy) => {
+                if let Some(state) = self.inner.store.get_run(run_id.clone()).await? {
+                    // An existing run keeps its envelope: open none for it.
+                    let result = self.preflight(actor, sop)?;
+                    if result.admitted {
+                        return existing_admission(state, actor, sop_hash, result, &run_id);
+                    }
+                    result
+                } else {
+                    // The complete admission in one pass: static checks,
+                    // then every step against the run's starting envelope.
+                    let (envelope, draft) = self.open_run_envelope(actor, &run_id, now).await?;
+                    let result = {
+                        let state = self.read_state()?;
+                        let ctx = PreflightContext {
+                            hierarchy: &state.hierarchy,
+                            catalogue: &self.inner.policy.catalogue,
+                            policy_version: &self.inner.policy.version,
+                        };
+                        let run = RunContext {
+                            envelope: &envelope,
+                            policy,
+                        };
+                        admit(&ctx, actor, sop, Some(run), now)
+                    };
+                    if result.admitted {
+                        opened = Some((envelope, draft));
+                    }
+                    result
+                }
             }
-            let (envelope, draft) = self.open_run_envelope(actor, &run_id, now).await?;
-            self.restrict_admission(&mut result, &envelope);
-            opened = Some((envelope, draft));
-        }
+        };
         let mut drafts: Vec<AuditDraft> = result
             .steps
             .iter()

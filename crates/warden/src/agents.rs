@@ -320,7 +320,7 @@ impl<S: Store> Engine<S> {
             prepared = self.read_state()?.hierarchy.prepare(&spec, &index_of);
         }
         if let Err(e) = prepared {
-            let d = deny(hierarchy_reason(&e));
+            let d = deny(e.reason());
             self.record(&d).await?;
             return Ok(Registration::Refused {
                 decision: d,
@@ -691,17 +691,5 @@ impl<S: Store> Engine<S> {
         state.configs = configs;
         state.envelopes = envelopes;
         Ok(applied)
-    }
-}
-
-fn hierarchy_reason(e: &HierarchyError) -> Reason {
-    match e {
-        HierarchyError::DuplicateAgent(_) => er::DUPLICATE_AGENT,
-        HierarchyError::UnknownParent { .. } => er::UNKNOWN_PARENT,
-        HierarchyError::ParentRevoked { .. } => er::PARENT_REVOKED,
-        HierarchyError::TooDeep { .. } => er::DEPTH_EXCEEDED,
-        HierarchyError::Cycle(_) => er::HIERARCHY_CYCLE,
-        HierarchyError::UnknownAgent(_) => reasons::UNKNOWN_AGENT,
-        HierarchyError::Full => er::DEPTH_EXCEEDED,
     }
 }

@@ -61,16 +61,11 @@ pub mod engine_reasons {
     use warden_core::decision::Reason;
     /// The agent was created from the policy bundle.
     pub const BUNDLE_SEED: Reason = Reason::code("bundle_seed");
-    /// A duplicate id.
-    pub const DUPLICATE_AGENT: Reason = Reason::code("duplicate_agent");
-    /// The parent is unknown.
-    pub const UNKNOWN_PARENT: Reason = Reason::code("unknown_parent");
-    /// The parent is revoked.
-    pub const PARENT_REVOKED: Reason = Reason::code("parent_revoked");
-    /// The hierarchy would be too deep.
-    pub const DEPTH_EXCEEDED: Reason = Reason::code("depth_exceeded");
-    /// A cycle.
-    pub const HIERARCHY_CYCLE: Reason = Reason::code("hierarchy_cycle");
+    /// Hierarchy refusals (their codes live in core, with the error that
+    /// names them: `HierarchyError::reason`).
+    pub use warden_core::decision::reasons::{
+        DEPTH_EXCEEDED, DUPLICATE_AGENT, HIERARCHY_CYCLE, PARENT_REVOKED, UNKNOWN_PARENT,
+    };
     /// The caller is neither the operator nor an ancestor.
     pub const NOT_AN_ANCESTOR: Reason = Reason::code("not_an_ancestor");
     /// A delegating agent may only create its own children.

@@ -186,7 +186,7 @@ struct Ticket {
     actor: AgentId,
     run: Arc<RunRecord>,
     step: RunStep,
-    gated: Gated,
+    gated: Option<Gated>,
     issued_at: Timestamp,
 }
 
@@ -331,19 +331,18 @@ impl<S: Store> Engine<S> {
         {
             return Ok(refused);
         }
-        let (decision, draft, envelope) =
-            match self.gate_step(actor, &state.run, &step, now).await? {
-                ContextGate::Stopped(gate) => return Ok(gate),
-                ContextGate::Open {
-                    decision,
-                    draft,
-                    envelope,
-                } => (decision, draft, envelope),
-            };
+        let (decision, draft, gated) = match self.gate_step(actor, &state.run, &step, now).await? {
+            ContextGate::Stopped(gate) => return Ok(gate),
+            ContextGate::Open {
+                decision,
+                draft,
+                gated,
+            } => (decision, draft, gated),
+        };
         let arguments = step_arguments(&state.run, step_id);
         let ticket = Ticket {
             actor: actor.clone(),
-            gated: Gated::new(&decision, envelope),
+            gated,
             run: Arc::new(state.run),
             step,
             issued_at: now,
@@ -368,7 +367,7 @@ impl<S: Store> Engine<S> {
                     actor,
                     &ticket.run,
                     &ticket.step,
-                    Some(&ticket.gated),
+                    ticket.gated.as_ref(),
                     result,
                 )
                 .await?;
@@ -494,7 +493,7 @@ impl<S: Store> Engine<S> {
             .take(actor, run_id, step_id, now, self.run_ttl_ms())?
         {
             return self
-                .finish_step(actor, &t.run, &t.step, Some(&t.gated), result)
+                .finish_step(actor, &t.run, &t.step, t.gated.as_ref(), result)
                 .await;
         }
         let state = self.run_of(actor, run_id).await?;
@@ -531,7 +530,7 @@ impl<S: Store> Engine<S> {
             .take(actor, run_id, step_id, now, self.run_ttl_ms())?
         {
             return self
-                .finish_step(actor, &t.run, &t.step, Some(&t.gated), result)
+                .finish_step(actor, &t.run, &t.step, t.gated.as_ref(), result)
                 .await
                 .map(Completion::Recorded);
         }

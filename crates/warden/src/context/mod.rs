@@ -100,7 +100,7 @@ use warden_core::audit::AuditDraft;
 use warden_core::decision::{Decision, Obligation, Verdict};
 use warden_core::envelope::{
     ActionRef, ContextDecision, ContextPolicy, Envelope, EnvelopeId, EnvelopeRecord, Transition,
-    TrustZone, reasons as context_reasons,
+    TrustZone,
 };
 use warden_core::ids::{Label, RunId};
 use warden_core::time::Timestamp;
@@ -213,12 +213,6 @@ pub(super) fn transition_details(t: &Transition, extra: Value) -> Value {
         d.extend(more);
     }
     details
-}
-
-/// Whether a context denial can never be lifted (restrictions never
-/// shrink, so a `restricted_by` denial is permanent).
-pub(super) fn is_permanent(cd: &ContextDecision) -> bool {
-    cd.verdict == Verdict::Deny && cd.reason.kind() == context_reasons::RESTRICTED_BY
 }
 
 pub(super) fn check_text(field: &str, text: &str) -> Result<(), EngineError> {

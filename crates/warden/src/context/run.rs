@@ -1,14 +1,13 @@
 //! A run's envelope: opened at admission, the gate of each step against
 //! it, and the fold of each step's labels.
 
-use std::collections::BTreeSet;
-
 use serde_json::{Value, json};
 use warden_core::audit::AuditDraft;
 use warden_core::decision::{Decision, Verdict};
-use warden_core::envelope::{ContextRequest, Envelope, EnvelopeError, WorkflowId, decide};
+use warden_core::envelope::{
+    ContextGate as CoreGate, ContextRequest, Envelope, EnvelopeError, WorkflowId, decide,
+};
 use warden_core::ids::{AgentId, Label, RunId};
-use warden_core::preflight::Preflight;
 use warden_core::time::Timestamp;
 use warden_store::{
     EscalationTarget, PutEnvelope, RunRecord, RunStep, StepOutcome, StepStatus, Store,
@@ -72,30 +71,6 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// Deny, at admission, every step the starting envelope's restrictions
-    /// deny: they could never run.
-    pub(crate) fn restrict_admission(&self, result: &mut Preflight, envelope: &Envelope) {
-        let Some(policy) = self.context_policy() else {
-            return;
-        };
-        for check in result.steps.iter_mut() {
-            if !check.decision.permits() {
-                continue;
-            }
-            let cd = decide(
-                envelope,
-                policy,
-                &ContextRequest::Action(self.action_ref(&check.action)),
-            );
-            if is_permanent(&cd) {
-                check.decision.verdict = Verdict::Deny;
-                check.decision.reason = cd.reason.clone();
-                check.violations.push(cd.reason);
-                result.admitted = false;
-            }
-        }
-    }
-
     /// The context gate of one step, after the structural checks passed:
     /// the step decided once against the run's envelope.
     ///
@@ -127,7 +102,7 @@ impl<S: Store> Engine<S> {
             return Ok(ContextGate::Open {
                 decision: d,
                 draft,
-                envelope: None,
+                gated: None,
             });
         };
         let envelope = self.load_envelope(policy, envelope_id).await?;
@@ -139,19 +114,15 @@ impl<S: Store> Engine<S> {
         let details = context_details(&envelope, &cd);
         match cd.verdict {
             Verdict::Allow | Verdict::Constrain => {
-                let reason = if cd.verdict == Verdict::Allow {
-                    warden_core::decision::reasons::STEP_ALLOWED
-                } else {
-                    cd.reason.clone()
-                };
-                let mut d =
-                    self.decision(&caller, cd.verdict, reason, ops::STEP_BEGIN, resource, now);
-                d.obligations = cd.obligations.to_vec();
+                let gate = CoreGate::from_decision(cd);
+                let (verdict, reason) = gate.begin();
+                let mut d = self.decision(&caller, verdict, reason, ops::STEP_BEGIN, resource, now);
+                d.obligations.clone_from(&gate.obligations);
                 let draft = Some(self.draft(&d).with_details(details));
                 Ok(ContextGate::Open {
                     decision: d,
                     draft,
-                    envelope: Some(envelope),
+                    gated: Some(Gated { envelope, gate }),
                 })
             }
             Verdict::Deny => {
@@ -196,7 +167,10 @@ impl<S: Store> Engine<S> {
                     return Ok(ContextGate::Open {
                         decision: d,
                         draft: None,
-                        envelope: Some(envelope),
+                        gated: Some(Gated {
+                            envelope,
+                            gate: CoreGate::from_decision(cd),
+                        }),
                     });
                 }
                 let (decision, escalation_id) = self
@@ -270,17 +244,11 @@ impl<S: Store> Engine<S> {
         let declared = self.output_labels(step.action.as_str());
         let action = self.action_ref(step.action.as_str());
         // What the gate decided: from the ticket, or decided now.
-        let (obliged, bypassed, mut known) = match gated {
-            Some(g) => (g.result_labels.clone(), false, g.envelope.clone()),
+        let (gate, mut known) = match gated {
+            Some(g) => (g.gate.clone(), Some(g.envelope.clone())),
             None => {
                 let before = self.load_envelope(policy, envelope_id).await?;
-                let cd = decide(&before, policy, &ContextRequest::Action(action));
-                let obliged = cd
-                    .obligations
-                    .result_labels()
-                    .map(|names| names.to_vec())
-                    .unwrap_or_default();
-                (obliged, is_permanent(&cd), Some(before))
+                (CoreGate::decide(&before, policy, action), Some(before))
             }
         };
         for _ in 0..MAX_ENVELOPE_ATTEMPTS {
@@ -295,9 +263,6 @@ impl<S: Store> Engine<S> {
                 }
                 Err(e) => return Err(e.into()),
             };
-            let mut labels: BTreeSet<Label> = reported.iter().cloned().collect();
-            labels.extend(declared.iter().cloned());
-            labels.extend(obliged.iter().cloned());
             let draft = self.transition_draft(
                 &caller,
                 ops::CONTEXT_ACCUMULATE,
@@ -321,8 +286,8 @@ impl<S: Store> Engine<S> {
                 return Ok(Some(Folded::Done {
                     after,
                     transition: Box::new(t),
-                    labels: labels.into_iter().collect(),
-                    bypassed,
+                    labels: gate.outcome_labels(reported, declared),
+                    bypassed: gate.bypassed(),
                 }));
             }
         }
@@ -341,36 +306,19 @@ pub(crate) enum ContextGate {
         decision: Decision,
         /// Its entry, if not recorded yet.
         draft: Option<AuditDraft>,
-        /// The envelope it was decided against.
-        envelope: Option<Envelope>,
+        /// What the envelope decided (`None` without a context policy).
+        gated: Option<Gated>,
     },
     /// Refused or held; recorded.
     Stopped(StepGate),
 }
 
-/// What a step's gate decided, kept for its completion.
+/// What a step's gate decided against the run's envelope, kept in the
+/// step's ticket for its completion.
 #[derive(Debug, Clone)]
 pub(crate) struct Gated {
     /// The envelope the gate decided against.
-    pub(crate) envelope: Option<Envelope>,
-    /// Labels the gate's `ResultLabels` obligation adds to the outcome.
-    pub(crate) result_labels: Vec<Label>,
-}
-
-impl Gated {
-    /// What `decision` (a proceeding gate decision) binds the completion to.
-    pub(crate) fn new(decision: &Decision, envelope: Option<Envelope>) -> Self {
-        let result_labels = decision
-            .obligations
-            .iter()
-            .find_map(|o| match o {
-                warden_core::decision::Obligation::ResultLabels { labels } => Some(labels.clone()),
-                _ => None,
-            })
-            .unwrap_or_default();
-        Self {
-            envelope,
-            result_labels,
-        }
-    }
+    pub(crate) envelope: Envelope,
+    /// The core's gate: obligations, outcome labels, bypass.
+    pub(crate) gate: CoreGate,
 }
