@@ -27,7 +27,7 @@ use std::borrow::Cow;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
-use warden::EngineError;
+use warden::{ConflictKind, EngineError, RegistrationRefusal};
 use warden_core::hierarchy::HierarchyError;
 use warden_core::lockdown::LockdownError;
 use warden_store::StoreError;
@@ -124,6 +124,17 @@ impl ApiError {
         )
     }
 
+    /// A 503 `unavailable`: storage cannot be reached or take writes now;
+    /// the cause is logged and not sent.
+    pub fn unavailable(cause: &dyn std::fmt::Display) -> Self {
+        tracing::warn!(error = %cause, "storage unavailable");
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "storage is unavailable; retry later",
+        )
+    }
+
     /// A 500 whose cause is logged and not sent.
     pub fn internal(cause: &dyn std::fmt::Display) -> Self {
         tracing::error!(error = %cause, "internal error");
@@ -171,12 +182,30 @@ impl IntoResponse for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::Duplicate(_) => {
-                ApiError::new(StatusCode::CONFLICT, "duplicate", "that already exists")
-            }
-            other => ApiError::internal(&other),
-        }
+        EngineError::from(e).into()
+    }
+}
+
+/// The response for a refused registration (its decision was recorded).
+pub fn registration_refused(
+    decision: &warden_core::decision::Decision,
+    refusal: &RegistrationRefusal,
+) -> ApiError {
+    match refusal {
+        RegistrationRefusal::Hierarchy(h) => hierarchy_error(h),
+        RegistrationRefusal::Lockdown(l) => lockdown_error(l),
+        RegistrationRefusal::Envelope(env) => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            env.reason().kind().to_owned(),
+            env.to_string(),
+        ),
+        RegistrationRefusal::NotOwnChild
+        | RegistrationRefusal::CallerRevoked
+        | RegistrationRefusal::Context => ApiError::forbidden(
+            decision.reason.kind().to_owned(),
+            format!("denied: {}", decision.reason),
+        )
+        .with_details(json!({"reason": decision.reason.as_str()})),
     }
 }
 
@@ -214,51 +243,41 @@ pub fn lockdown_error(e: &LockdownError) -> ApiError {
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match e {
-            EngineError::Hierarchy(h) => hierarchy_error(&h),
-            EngineError::Lockdown(l) => lockdown_error(&l),
-            EngineError::Sop(s) => crate::body::sop_error(&s),
-            EngineError::Denied(d) => {
-                ApiError::forbidden(d.reason.kind().to_owned(), format!("denied: {}", d.reason))
-                    .with_details(json!({"reason": d.reason.as_str()}))
+            EngineError::Input { field, problem } => {
+                ApiError::invalid("invalid_value", format!("invalid `{field}`: {problem}"))
+                    .with_details(json!({"field": field}))
             }
-            EngineError::UnknownAgent(_)
-            | EngineError::UnknownRun(_)
-            | EngineError::UnknownStep { .. } => ApiError::not_found(),
-            EngineError::RunIdConflict(id) => ApiError::new(
-                StatusCode::CONFLICT,
-                "run_id_conflict",
-                format!("run `{id}` already exists with a different sop"),
-            ),
-            EngineError::Escalated {
-                decision,
-                escalation_id,
-            } => ApiError::forbidden(
-                "escalated",
-                format!(
-                    "awaits human review (escalation `{escalation_id}`): {}",
-                    decision.reason
-                ),
-            )
-            .with_details(
-                json!({"reason": decision.reason.as_str(), "escalation_id": escalation_id}),
-            ),
+            EngineError::Sop(s) => crate::body::sop_error(&s),
             EngineError::Envelope(env) => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 env.reason().kind().to_owned(),
                 env.to_string(),
             ),
-            EngineError::NoEnvelope(_)
-            | EngineError::UnknownEnvelope(_)
-            | EngineError::UnknownEscalation(_) => ApiError::not_found(),
-            EngineError::EnvelopeContention(id) => ApiError::new(
+            EngineError::NotFound { .. } => ApiError::not_found(),
+            EngineError::Conflict {
+                kind: ConflictKind::RunId,
+                id,
+            } => ApiError::new(
+                StatusCode::CONFLICT,
+                "run_id_conflict",
+                format!("run `{id}` already exists with a different sop"),
+            ),
+            EngineError::Conflict {
+                kind: ConflictKind::EnvelopeContention,
+                id,
+            } => ApiError::new(
                 StatusCode::CONFLICT,
                 "envelope_contention",
                 format!("envelope `{id}` kept changing concurrently; retry"),
             ),
-            EngineError::Store(s) => s.into(),
-            other @ (EngineError::MissingHandlers(_)
-            | EngineError::Invalid { .. }
-            | EngineError::Poisoned) => ApiError::internal(&other),
+            EngineError::Conflict {
+                kind: ConflictKind::Duplicate,
+                ..
+            } => ApiError::new(StatusCode::CONFLICT, "duplicate", "that already exists"),
+            EngineError::Unavailable(cause) => ApiError::unavailable(&cause),
+            other @ (EngineError::MissingHandlers(_) | EngineError::Internal(_)) => {
+                ApiError::internal(&other)
+            }
         }
     }
 }

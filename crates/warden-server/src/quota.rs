@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use warden_core::ids::{AgentId, RunId, StepId};
+use warden_core::ids::{AgentId, RunId};
 
 /// Reason: the request rate is over `requests_per_second`.
 pub const QUOTA_REQUESTS_PER_SECOND: &str = "quota_requests_per_second";
@@ -39,9 +39,6 @@ struct Bucket {
 struct Runs {
     /// agent -> run -> admitted at (ms).
     in_flight: HashMap<AgentId, HashMap<RunId, i64>>,
-    /// (run, step) -> begun at (ms): steps whose gate said proceed and
-    /// whose outcome is not recorded yet.
-    begun: HashMap<(RunId, StepId), i64>,
 }
 
 /// Quota bookkeeping shared by all requests.
@@ -119,33 +116,6 @@ impl Quotas {
                     runs.in_flight.remove(agent);
                 }
             }
-            runs.begun.retain(|(r, _), _| r != run);
-        }
-    }
-
-    /// The gate let a step proceed.
-    pub(crate) fn step_begun(&self, run: &RunId, step: &StepId, now_ms: i64, ttl_ms: i64) {
-        if let Ok(mut runs) = self.runs.lock() {
-            if runs.begun.len() > 100_000 {
-                runs.begun
-                    .retain(|_, at| now_ms.saturating_sub(*at) < ttl_ms);
-            }
-            runs.begun.insert((run.clone(), step.clone()), now_ms);
-        }
-    }
-
-    /// Whether the gate let this step proceed (and its outcome is pending).
-    pub(crate) fn is_begun(&self, run: &RunId, step: &StepId) -> bool {
-        self.runs
-            .lock()
-            .map(|r| r.begun.contains_key(&(run.clone(), step.clone())))
-            .unwrap_or(false)
-    }
-
-    /// The step's outcome was recorded.
-    pub(crate) fn step_done(&self, run: &RunId, step: &StepId) {
-        if let Ok(mut runs) = self.runs.lock() {
-            runs.begun.remove(&(run.clone(), step.clone()));
         }
     }
 }

@@ -114,7 +114,7 @@ impl<S> std::fmt::Debug for AppState<S> {
 impl<S: Store> AppState<S> {
     /// Open the engine over `store` (seeding the bundle on a new store) and
     /// set up metrics, quotas and the envelope signing key (a malformed
-    /// `WARDEN_ENVELOPE_SIGNING_KEY` is an [`EngineError::Invalid`] naming
+    /// `WARDEN_ENVELOPE_SIGNING_KEY` is an [`EngineError::Input`] naming
     /// it).
     pub async fn open(
         policy: Policy,
@@ -122,14 +122,12 @@ impl<S: Store> AppState<S> {
         clock: Arc<dyn Clock>,
         config: ServerConfig,
     ) -> Result<Self, EngineError> {
-        let signer =
-            EnvelopeSigner::new(&config.envelope_key).map_err(|e| EngineError::Invalid {
-                field: crate::signing::ENVELOPE_SIGNING_KEY_ENV.to_owned(),
-                message: e.to_string(),
-            })?;
+        let signer = EnvelopeSigner::new(&config.envelope_key)
+            .map_err(|e| EngineError::input(crate::signing::ENVELOPE_SIGNING_KEY_ENV, e))?;
         let metrics = Arc::new(Metrics::new());
         let store = Metered::new(store, Arc::clone(&metrics));
         let engine = Engine::open(policy, store, Arc::clone(&clock)).await?;
+        engine.set_run_ttl(config.run_ttl);
         Ok(Self {
             shared: Arc::new(Shared {
                 engine,

@@ -5,7 +5,10 @@ use std::collections::BTreeSet;
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde_json::{Value, json};
-use warden::{Caller, DelegationOptions, EngineError, RegisterAgent};
+use warden::{
+    Caller, DelegationOptions, EngineError, RegisterAgent, Registration, RegistrationRefusal,
+    Revocation,
+};
 use warden_core::decision::Verdict;
 use warden_core::envelope::ContextPolicy;
 use warden_core::hierarchy::AgentStatus;
@@ -15,7 +18,7 @@ use warden_store::{Store, TokenSubject};
 use super::PathParams;
 use crate::auth::{AgentCaller, AnyCaller, OperatorCaller};
 use crate::body::JsonBody;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, registration_refused};
 use crate::state::AppState;
 use crate::wire::{
     AgentCreatedResponse, AgentResponse, DecisionBody, DelegateRequest, RegisterAgentRequest,
@@ -117,7 +120,10 @@ pub(crate) async fn register<S: Store>(
             },
         )
         .await?;
-    created(&st, view, &Caller::Operator).await
+    match view {
+        Registration::Registered { agent, .. } => created(&st, *agent, &Caller::Operator).await,
+        other => Err(delegation_error(other)),
+    }
 }
 
 /// Checks of a delegation's context options that need no state: every
@@ -145,18 +151,29 @@ fn check_delegation_options<S: Store>(st: &AppState<S>, restrictions: &[Label]) 
     Ok(())
 }
 
-/// The answer for a delegation the context envelope refuses or holds: 403
-/// `delegation_denied` with the decision, or 403 `delegation_escalated` with
-/// the decision and the escalation to review. Both were recorded and
-/// created nothing. Other errors keep their usual mapping.
-fn delegation_error(e: EngineError) -> ApiError {
-    match e {
-        EngineError::Denied(d) if is_context_reason(d.reason.kind()) => ApiError::forbidden(
+/// The answer for a registration that did not go through (its decision was
+/// recorded and it created nothing): 403 `delegation_denied` with the
+/// decision when the context envelope refuses it, 403
+/// `delegation_escalated` with the decision and the escalation to review
+/// when it is held, and the refusal's own answer otherwise.
+fn delegation_error(outcome: Registration) -> ApiError {
+    match outcome {
+        Registration::Refused {
+            decision,
+            refusal: RegistrationRefusal::Context,
+        } => ApiError::forbidden(
             "delegation_denied",
-            format!("the context envelope refuses the delegation: {}", d.reason),
+            format!(
+                "the context envelope refuses the delegation: {}",
+                decision.reason
+            ),
         )
-        .with_details(json!({"reason": d.reason.as_str(), "decision": DecisionBody::from(&*d)})),
-        EngineError::Escalated {
+        .with_details(json!({
+            "reason": decision.reason.as_str(),
+            "decision": DecisionBody::from(&decision),
+        })),
+        Registration::Refused { decision, refusal } => registration_refused(&decision, &refusal),
+        Registration::Escalated {
             decision,
             escalation_id,
         } => ApiError::forbidden(
@@ -168,25 +185,13 @@ fn delegation_error(e: EngineError) -> ApiError {
         )
         .with_details(json!({
             "reason": decision.reason.as_str(),
-            "decision": DecisionBody::from(&*decision),
+            "decision": DecisionBody::from(&decision),
             "escalation_id": escalation_id,
         })),
-        other => other.into(),
+        Registration::Registered { .. } => {
+            ApiError::internal(&"a registration reported as refused")
+        }
     }
-}
-
-/// Whether a denial's reason kind comes from a context decision.
-fn is_context_reason(kind: &str) -> bool {
-    use warden_core::envelope::reasons as r;
-    [
-        r::RESTRICTED_BY,
-        r::DELEGATION_DENIED,
-        r::AGGREGATION_BACKSTOP.kind(),
-        r::SENSITIVITY_FLOOR.kind(),
-        r::ENVELOPE_POLICY_MISMATCH.kind(),
-        warden::engine_reasons::ESCALATION_REJECTED.kind(),
-    ]
-    .contains(&kind)
 }
 
 /// `POST /v1/agents/self/children` (agent): delegation. The context
@@ -223,9 +228,11 @@ pub(crate) async fn delegate<S: Store>(
             },
             options,
         )
-        .await
-        .map_err(delegation_error)?;
-    created(&st, view, &caller).await
+        .await?;
+    match view {
+        Registration::Registered { agent, .. } => created(&st, *agent, &caller).await,
+        other => Err(delegation_error(other)),
+    }
 }
 
 /// Whether `caller` may see `target`, recording the decision. A missing
@@ -305,8 +312,16 @@ pub(crate) async fn revoke<S: Store>(
     // agent itself sees itself, and the engine refuses (and records) a
     // self-revocation with 403 `not_an_ancestor`.
     visible(&st, &caller, &id, warden::ops::AGENT_REVOKE).await?;
-    let revoked = st.engine().revoke_agent(&caller, &id).await?;
-    Ok(Reply(StatusCode::OK, RevokedResponse { revoked }))
+    match st.engine().revoke_agent(&caller, &id).await? {
+        Revocation::Revoked { agents, .. } => {
+            Ok(Reply(StatusCode::OK, RevokedResponse { revoked: agents }))
+        }
+        Revocation::Refused { decision } => Err(ApiError::forbidden(
+            decision.reason.kind().to_owned(),
+            format!("denied: {}", decision.reason),
+        )
+        .with_details(json!({"reason": decision.reason.as_str()}))),
+    }
 }
 
 /// `POST /v1/agents/{id}/tokens` (operator).
@@ -317,7 +332,7 @@ pub(crate) async fn issue_token<S: Store>(
 ) -> ApiResult<Reply<TokenIssuedResponse>> {
     let id = path.ident("id", AgentId::parse)?;
     let view = st.engine().agent(&id).map_err(|e| match e {
-        EngineError::UnknownAgent(_) => ApiError::not_found(),
+        EngineError::NotFound { .. } => ApiError::not_found(),
         other => other.into(),
     })?;
     if view.status == AgentStatus::Revoked {

@@ -14,7 +14,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use serde_json::json;
-use warden::{Caller, EngineError, ReviewOutcome};
+use warden::{Caller, EngineError, Missing, ReviewOutcome};
 use warden_core::decision::Verdict;
 use warden_core::envelope::sign::SignedEnvelope;
 use warden_core::envelope::{ContextPolicy, MAX_JUSTIFICATION_BYTES};
@@ -104,7 +104,10 @@ fn no_envelope(run_id: &RunId) -> ApiError {
 /// 404 `no_envelope`; everything else keeps its usual mapping.
 fn context_error(run_id: &RunId) -> impl Fn(EngineError) -> ApiError + '_ {
     move |e| match e {
-        EngineError::NoEnvelope(_) => no_envelope(run_id),
+        EngineError::NotFound {
+            what: Missing::RunEnvelope,
+            ..
+        } => no_envelope(run_id),
         other => other.into(),
     }
 }

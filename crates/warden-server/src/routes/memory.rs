@@ -9,11 +9,11 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use serde_json::{Value, json};
-use warden::WriteRequest;
+use warden::{ReadStatus, WriteRequest, WriteStatus};
 use warden_core::bundle::ClassName;
-use warden_core::decision::{Decision, reasons};
+use warden_core::decision::Decision;
 use warden_core::ids::{AgentId, Key, Namespace};
-use warden_core::memory::{INVALID_RECORD, RecordClass};
+use warden_core::memory::RecordClass;
 use warden_core::time::Timestamp;
 use warden_store::Store;
 
@@ -28,33 +28,41 @@ use crate::wire::{
     PutMemoryRequest, Reply,
 };
 
-/// Reasons a read answers with the shared 404.
-const HIDDEN: [&str; 4] = [
-    reasons::NOT_VISIBLE_FROM,
-    "record_not_found",
-    "record_expired",
-    "secret_not_granted",
-];
-
-/// The error for a denied memory decision.
-pub(crate) fn denial(d: &Decision, current_revision: Option<u64>) -> ApiError {
-    let kind = d.reason.kind();
-    match kind {
-        k if HIDDEN.contains(&k) => ApiError::not_found(),
-        "revision_conflict" => ApiError::new(
+/// The error for a write or delete that did not go through (its decision
+/// was recorded).
+pub(crate) fn write_refused(
+    status: WriteStatus,
+    d: &Decision,
+    current_revision: Option<u64>,
+) -> ApiError {
+    match status {
+        WriteStatus::NotFound => ApiError::not_found(),
+        WriteStatus::Conflict => ApiError::new(
             StatusCode::CONFLICT,
             "revision_conflict",
             "the record is not at the expected revision; nothing changed",
         )
         .with_details(json!({"current_revision": current_revision})),
-        INVALID_RECORD => ApiError::invalid(
+        WriteStatus::InvalidRecord => ApiError::invalid(
             "invalid_record",
             format!("the record would be invalid: {}", d.reason),
         )
         .with_details(json!({"reason": d.reason.as_str()})),
-        other => ApiError::forbidden(other.to_owned(), format!("denied: {other}"))
-            .with_details(json!({"reason": other})),
+        WriteStatus::OverQuota { limit, used, .. } => ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            d.reason.kind().to_owned(),
+            format!("the write would exceed the agent's quota ({})", d.reason),
+        )
+        .with_details(json!({"limit": limit, "used": used})),
+        WriteStatus::Done | WriteStatus::Denied => denied(d),
     }
+}
+
+/// 403 with the decision's reason as the code.
+fn denied(d: &Decision) -> ApiError {
+    let kind = d.reason.kind();
+    ApiError::forbidden(kind.to_owned(), format!("denied: {kind}"))
+        .with_details(json!({"reason": kind}))
 }
 
 fn path_key(path: &PathParams) -> ApiResult<(Namespace, Key)> {
@@ -72,12 +80,13 @@ pub(crate) async fn read<S: Store>(
 ) -> ApiResult<Reply<MemoryValueResponse>> {
     let (ns, key) = path_key(&path)?;
     let out = st.engine().read(&me, &ns, &key).await?;
-    match out.value {
-        Some(v) if out.decision.permits() => Ok(Reply(
+    match (out.status, out.value) {
+        (ReadStatus::Found, Some(v)) => Ok(Reply(
             StatusCode::OK,
             MemoryValueResponse::new(ns, key, v, out.decision.reason.to_string()),
         )),
-        _ => Err(denial(&out.decision, None)),
+        (ReadStatus::Hidden, _) => Err(ApiError::not_found()),
+        _ => Err(denied(&out.decision)),
     }
 }
 
@@ -249,7 +258,11 @@ pub(crate) async fn write<S: Store>(
             };
             Ok(Reply(status, r.into()))
         }
-        _ => Err(denial(&out.decision, out.current_revision)),
+        _ => Err(write_refused(
+            out.status,
+            &out.decision,
+            out.current_revision,
+        )),
     }
 }
 
@@ -276,7 +289,11 @@ pub(crate) async fn delete<S: Store>(
                 revision,
             },
         )),
-        _ => Err(denial(&out.decision, out.current_revision)),
+        _ => Err(write_refused(
+            out.status,
+            &out.decision,
+            out.current_revision,
+        )),
     }
 }
 

@@ -10,14 +10,12 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde_json::{Value, json};
-use warden::{Admission, Caller, StepGate, StepResult};
-use warden_core::ids::{AgentId, Key, Namespace, RunId, StepId};
-use warden_core::preflight::{MEMORY_READ, MEMORY_WRITE};
+use warden::{Admission, Caller, Completion, StepGate, StepRefusal, StepResult};
+use warden_core::ids::{AgentId, RunId, StepId};
 use warden_core::sop::{Sop, sop_from_value};
 use warden_store::{StepStatus, Store};
 
 use super::PathParams;
-use super::memory::check_storage_quota;
 use crate::auth::AgentCaller;
 use crate::body::{JsonBody, sop_error};
 use crate::error::{ApiError, ApiResult};
@@ -214,29 +212,27 @@ pub(crate) async fn begin<S: Store>(
             "decision": DecisionBody::from(&decision),
             "escalation_id": escalation_id,
         }))),
-        StepGate::Refused { decision } => {
+        StepGate::Refused { decision, refusal } => {
             refresh_run(&st, &me, &run).await?;
             let reason = decision.reason.kind().to_owned();
-            let (status, code) = match reason.as_str() {
-                "step_out_of_order" | "run_stopped" => (StatusCode::CONFLICT, reason.clone()),
-                _ if decision.verdict == warden_core::decision::Verdict::Escalate => {
-                    (StatusCode::FORBIDDEN, "step_escalated".to_owned())
+            let (status, code) = match refusal {
+                StepRefusal::OutOfOrder | StepRefusal::RunStopped => {
+                    (StatusCode::CONFLICT, reason.clone())
                 }
-                _ => (StatusCode::FORBIDDEN, "step_denied".to_owned()),
+                StepRefusal::Denied => (StatusCode::FORBIDDEN, "step_denied".to_owned()),
             };
             Err(
                 ApiError::new(status, code, format!("the gate refused the step: {reason}"))
                     .with_details(json!({"decision": DecisionBody::from(&decision)})),
             )
         }
-        StepGate::Proceed {
+        StepGate::Executed {
             decision,
             operation_id,
             action,
             arguments,
-        } if action.as_str() == MEMORY_READ || action.as_str() == MEMORY_WRITE => {
-            let result = execute_memory_step(&st, &me, action.as_str(), &arguments).await?;
-            let outcome = st.engine().complete_step(&me, &run, &step, result).await?;
+            outcome,
+        } => {
             refresh_run(&st, &me, &run).await?;
             Ok(Reply(
                 StatusCode::OK,
@@ -255,62 +251,18 @@ pub(crate) async fn begin<S: Store>(
             operation_id,
             action,
             arguments,
-        } => {
-            let ttl = i64::try_from(st.config().run_ttl.as_millis()).unwrap_or(i64::MAX);
-            st.shared.quotas.step_begun(&run, &step, st.now_ms(), ttl);
-            Ok(Reply(
-                StatusCode::OK,
-                GateResponse {
-                    gate: GateBody::Proceed,
-                    decision: (&decision).into(),
-                    operation_id: Some(operation_id),
-                    action: Some(action),
-                    arguments: Some(arguments),
-                    outcome: None,
-                },
-            ))
-        }
+        } => Ok(Reply(
+            StatusCode::OK,
+            GateResponse {
+                gate: GateBody::Proceed,
+                decision: (&decision).into(),
+                operation_id: Some(operation_id),
+                action: Some(action),
+                arguments: Some(arguments),
+                outcome: None,
+            },
+        )),
     }
-}
-
-/// Run a memory step for `agent`, within its storage quota.
-async fn execute_memory_step<S: Store>(
-    st: &AppState<S>,
-    agent: &AgentId,
-    action: &str,
-    arguments: &serde_json::Map<String, Value>,
-) -> ApiResult<StepResult> {
-    if action == MEMORY_WRITE {
-        let ns = arguments
-            .get("namespace")
-            .and_then(Value::as_str)
-            .and_then(|s| Namespace::parse(s).ok());
-        let key = arguments
-            .get("key")
-            .and_then(Value::as_str)
-            .and_then(|s| Key::parse(s).ok());
-        if let (Some(ns), Some(key)) = (ns, key) {
-            let len = arguments
-                .get("value")
-                .and_then(|v| serde_json::to_vec(v).ok())
-                .map_or(0, |b| b.len() as u64);
-            let lock = st.shared.quotas.writer(agent);
-            let _guard = lock.lock_owned().await;
-            match check_storage_quota(st, agent, &ns, &key, len).await {
-                Ok(()) => {}
-                // Over quota: the step fails (recorded), nothing is written.
-                Err(e) if e.status == StatusCode::TOO_MANY_REQUESTS => {
-                    return Ok(StepResult {
-                        error: Some(e.code.to_string()),
-                        ..StepResult::default()
-                    });
-                }
-                Err(e) => return Err(e),
-            }
-            return Ok(st.engine().execute_memory(agent, action, arguments).await?);
-        }
-    }
-    Ok(st.engine().execute_memory(agent, action, arguments).await?)
 }
 
 /// `POST /v1/runs/{run}/steps/{step}/complete` (agent): record the outcome
@@ -340,29 +292,9 @@ pub(crate) async fn complete<S: Store>(
         )
         .with_details(json!({"field": "error", "max": MAX_ERROR_BYTES})));
     }
-    if !st.shared.quotas.is_begun(&run, &step) {
-        let state = st
-            .engine()
-            .store()
-            .get_run(run.clone())
-            .await?
-            .filter(|s| s.run.agent == me)
-            .ok_or_else(ApiError::not_found)?;
-        if !state.run.steps.iter().any(|s| s.step_id == step) {
-            return Err(ApiError::not_found());
-        }
-        return match state.outcomes.get(&step) {
-            Some(outcome) => Ok(Reply(StatusCode::OK, outcome.into())),
-            None => Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "step_not_begun",
-                "the gate has not let this step proceed: call `begin` first",
-            )),
-        };
-    }
-    let outcome = st
+    let completion = st
         .engine()
-        .complete_step(
+        .complete_begun_step(
             &me,
             &run,
             &step,
@@ -373,7 +305,13 @@ pub(crate) async fn complete<S: Store>(
             },
         )
         .await?;
-    st.shared.quotas.step_done(&run, &step);
+    let Completion::Recorded(outcome) = completion else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "step_not_begun",
+            "the gate has not let this step proceed: call `begin` first",
+        ));
+    };
     refresh_run(&st, &me, &run).await?;
     Ok(Reply(StatusCode::OK, (&outcome).into()))
 }
