@@ -13,7 +13,7 @@ use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
 use warden_core::memory::{MemoryRecord, Put, PutRejection, apply_put, check_result};
 use warden_core::time::Timestamp;
 use warden_store::{
-    AuditFn, CreateRun, Delete, DeleteOutcome, EscalationRecord, EscalationResolution,
+    AuditFn, CreateRun, Delete, DeleteOutcome, Entity, EscalationRecord, EscalationResolution,
     EscalationStatus, EscalationTarget, PutEnvelope, PutEscalation, PutOutcome, RecordStep,
     ResolveEscalation, RunRecord, RunState, RunStep, StepOutcome, Store, StoreError, StoredAgent,
     TokenRecord, Usage,
@@ -121,7 +121,7 @@ fn check_schema_name(schema: &str) -> Result<(), StoreError> {
     if ok {
         Ok(())
     } else {
-        Err(StoreError::Backend(format!(
+        Err(StoreError::backend(format!(
             "schema name `{schema}` must be 1 to {MAX_SCHEMA_LEN} characters from a-z 0-9 _, not starting with a digit"
         )))
     }
@@ -214,13 +214,13 @@ impl PgStore {
 /// for what it leaves out (application name, connect timeout).
 pub(crate) fn parse_url(url: &str) -> Result<Config, StoreError> {
     if !is_postgres_url(url) {
-        return Err(StoreError::Backend(
-            "a postgres database url starts with `postgres://` or `postgresql://`".into(),
+        return Err(StoreError::backend(
+            "a postgres database url starts with `postgres://` or `postgresql://`",
         ));
     }
     let mut config: Config = url
         .parse()
-        .map_err(|e| StoreError::Backend(format!("invalid postgres url: {e}")))?;
+        .map_err(|e| StoreError::backend(format!("invalid postgres url: {e}")))?;
     if config.get_application_name().is_none() {
         config.application_name("warden");
     }
@@ -239,10 +239,10 @@ pub(crate) async fn current_schema(client: &tokio_postgres::Client) -> Result<St
         .db()?;
     let current: Option<String> = row.try_get(0).map_err(crate::error::column)?;
     let current = current.ok_or_else(|| {
-        StoreError::Backend("the connection's search_path names no existing schema".into())
+        StoreError::backend("the connection's search_path names no existing schema")
     })?;
     if current.len() > MAX_SCHEMA_LEN {
-        return Err(StoreError::Backend(format!(
+        return Err(StoreError::backend(format!(
             "schema name `{current}` is longer than {MAX_SCHEMA_LEN} bytes"
         )));
     }
@@ -447,7 +447,7 @@ pub(crate) fn head_out(row: &tokio_postgres::Row) -> Result<ChainHead, StoreErro
 }
 
 fn missing_head() -> StoreError {
-    StoreError::Corrupt("the audit head row is missing".into())
+    StoreError::corrupt("the audit head row is missing")
 }
 
 /// A change to record with the transaction.
@@ -516,7 +516,7 @@ impl Tx<'_> {
         let mut next = head;
         for draft in drafts {
             let seq = next.seq.checked_add(1).ok_or_else(|| {
-                StoreError::Backend("the audit log is full (sequence number overflow)".into())
+                StoreError::backend("the audit log is full (sequence number overflow)")
             })?;
             let entry = draft.seal(seq, next.hash);
             seqs.push(u64_in(entry.seq, "audit sequence number")?);
@@ -561,8 +561,8 @@ impl Tx<'_> {
     }
 }
 
-fn not_found(what: impl std::fmt::Display) -> StoreError {
-    StoreError::NotFound(what.to_string())
+fn not_found(entity: Entity, id: impl std::fmt::Display) -> StoreError {
+    StoreError::not_found(entity, id)
 }
 
 /// The `(owner, namespace, key)` parameters of a record.
@@ -735,7 +735,7 @@ impl Store for PgStore {
             )
             .await?;
         if inserted == 0 {
-            return Err(StoreError::Duplicate(agent.id.to_string()));
+            return Err(StoreError::duplicate(Entity::Agent, &agent.id));
         }
         let change = ChangeRec {
             kind: ChangeKind::AgentInserted,
@@ -769,7 +769,7 @@ impl Store for PgStore {
         }
         if let Some(missing) = names.iter().find(|n| !updated.contains(**n)) {
             // Dropping `tx` rolls back the agents that were found.
-            return Err(not_found(missing));
+            return Err(not_found(Entity::Agent, missing));
         }
         let mut changed: Vec<String> = names.iter().map(|s| s.to_string()).collect();
         if status == AgentStatus::Revoked {
@@ -809,7 +809,7 @@ impl Store for PgStore {
             .execute(sql::SET_CAPABILITIES, &[&id.as_str(), &capabilities])
             .await?;
         if updated == 0 {
-            return Err(not_found(&id));
+            return Err(not_found(Entity::Agent, &id));
         }
         let change = ChangeRec {
             kind: ChangeKind::AgentCapabilities,
@@ -843,7 +843,7 @@ impl Store for PgStore {
             )
             .await?;
         if inserted == 0 {
-            return Err(StoreError::Duplicate(token.token_id));
+            return Err(StoreError::duplicate(Entity::Token, token.token_id));
         }
         let change = ChangeRec {
             kind: ChangeKind::TokenInserted,
@@ -925,7 +925,7 @@ impl Store for PgStore {
             tx.finish(drafts, None, &self.inner.channel).await?;
             return Ok(outcome);
         }
-        Err(StoreError::Backend(format!(
+        Err(StoreError::backend(format!(
             "the write to `{}.{}` lost {PUT_ATTEMPTS} races with concurrent writers",
             put.namespace, put.key
         )))
@@ -1033,8 +1033,7 @@ impl Store for PgStore {
         let mut operation_ids = Vec::with_capacity(run.steps.len());
         for (i, step) in run.steps.iter().enumerate() {
             ords.push(
-                i32::try_from(i)
-                    .map_err(|_| StoreError::Backend("a run has too many steps".into()))?,
+                i32::try_from(i).map_err(|_| StoreError::backend("a run has too many steps"))?,
             );
             step_ids.push(step.step_id.as_str());
             actions.push(step.action.as_str());
@@ -1073,7 +1072,7 @@ impl Store for PgStore {
         // was created before): return it as stored.
         match self.get_run(run.run_id.clone()).await? {
             Some(existing) => Ok(CreateRun::Existing(Box::new(existing))),
-            None => Err(StoreError::Backend(format!(
+            None => Err(StoreError::backend(format!(
                 "run `{}` exists but could not be read",
                 run.run_id
             ))),
@@ -1162,14 +1161,14 @@ impl Store for PgStore {
         }
         let Some(row) = tx.query_opt(sql::STEP_OUTCOME, &[&run, &step]).await? else {
             return Err(if tx.query_opt(sql::RUN_EXISTS, &[&run]).await?.is_none() {
-                not_found(&run_id)
+                not_found(Entity::Run, &run_id)
             } else {
-                not_found(format!("{run_id}/{step_id}"))
+                not_found(Entity::Step, format!("{run_id}/{step_id}"))
             });
         };
         match codec::outcome_out(&row, 0)? {
             Some(first) => Ok(RecordStep::AlreadyRecorded(first)),
-            None => Err(StoreError::Backend(format!(
+            None => Err(StoreError::backend(format!(
                 "step `{run_id}/{step_id}` could not be recorded"
             ))),
         }
@@ -1306,7 +1305,10 @@ impl Store for PgStore {
                 .await?
                 .is_some()
             {
-                return Err(StoreError::Duplicate(escalation.escalation_id));
+                return Err(StoreError::duplicate(
+                    Entity::Escalation,
+                    escalation.escalation_id,
+                ));
             } else {
                 match tx.query_opt(sql::OPEN_ESCALATION, &[&target]).await? {
                     Some(row) => PutEscalation::Existing(Box::new(codec::escalation_out(&row)?)),
@@ -1322,7 +1324,7 @@ impl Store for PgStore {
             tx.finish(drafts, None, &self.inner.channel).await?;
             return Ok(outcome);
         }
-        Err(StoreError::Backend(format!(
+        Err(StoreError::backend(format!(
             "the escalation `{}` lost {PUT_ATTEMPTS} races with concurrent writers",
             escalation.escalation_id
         )))

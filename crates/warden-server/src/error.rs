@@ -172,8 +172,16 @@ impl IntoResponse for ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::Duplicate(_) => {
+            StoreError::Duplicate { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "duplicate", "that already exists")
+            }
+            StoreError::Unavailable { .. } => {
+                tracing::warn!(error = %e, "storage unavailable");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "the database is unavailable; retry later",
+                )
             }
             other => ApiError::internal(&other),
         }

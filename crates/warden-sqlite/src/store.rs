@@ -13,7 +13,7 @@ use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
 use warden_core::memory::{MemoryRecord, Put, PutRejection, apply_put, check_result};
 use warden_core::time::Timestamp;
 use warden_store::{
-    AuditFn, CreateRun, Delete, DeleteOutcome, EscalationRecord, EscalationResolution,
+    AuditFn, CreateRun, Delete, DeleteOutcome, Entity, EscalationRecord, EscalationResolution,
     EscalationStatus, EscalationTarget, HeadAnchor, PutEnvelope, PutEscalation, PutOutcome,
     RecordStep, ResolveEscalation, RunRecord, RunState, StepOutcome, Store, StoreError,
     StoredAgent, TokenRecord, Usage, VerifyError, VerifyReport,
@@ -21,7 +21,7 @@ use warden_store::{
 
 use crate::codec::{self, seq_to_sql};
 use crate::context;
-use crate::error::{SqlResultExt, is_unique_violation};
+use crate::error::{SqlResultExt, duplicate_or};
 use crate::options::SqliteOptions;
 use crate::schema;
 use crate::writer::{Tx, Writer};
@@ -84,7 +84,7 @@ where
         Ok(handle) => handle
             .spawn_blocking(f)
             .await
-            .map_err(|e| StoreError::Backend(format!("a sqlite read task failed: {e}")))?,
+            .map_err(|e| StoreError::backend(format!("a sqlite read task failed: {e}")))?,
         Err(_) => f(),
     }
 }
@@ -94,7 +94,7 @@ impl SqliteStore {
     /// by a `sqlite://` URL; see [`SqliteOptions::from_url`].
     pub async fn open(url: &str) -> Result<Self, StoreError> {
         let options = SqliteOptions::from_url(url)
-            .map_err(|e| StoreError::Backend(format!("invalid database url: {e}")))?;
+            .map_err(|e| StoreError::backend(format!("invalid database url: {e}")))?;
         Self::open_with(options).await
     }
 
@@ -111,7 +111,7 @@ impl SqliteStore {
                 .prefix("warden-sqlite-")
                 .tempdir()
                 .map_err(|e| {
-                    StoreError::Backend(format!("cannot create a temporary directory: {e}"))
+                    StoreError::backend(format!("cannot create a temporary directory: {e}"))
                 })?;
             let options = SqliteOptions::new(dir.path().join("warden.db"));
             Self::open_blocking(options, Some(dir))
@@ -212,7 +212,7 @@ impl SqliteStore {
     {
         match &self.writer {
             Some(w) => w.call(f).await,
-            None => Err(StoreError::ReadOnly(format!(
+            None => Err(StoreError::read_only(format!(
                 "`{}` was opened read-only",
                 self.options.path.display()
             ))),
@@ -441,7 +441,7 @@ fn create_run_in(
     if inserted == 0 {
         return match load_run(conn, &run.run_id)? {
             Some(existing) => Ok(CreateRun::Existing(Box::new(existing))),
-            None => Err(StoreError::Backend(format!(
+            None => Err(StoreError::backend(format!(
                 "run `{}` exists but cannot be read",
                 run.run_id
             ))),
@@ -461,13 +461,7 @@ fn create_run_in(
             step.action.as_str(),
             step.operation_id,
         ])
-        .map_err(|e| {
-            if is_unique_violation(&e) {
-                StoreError::Duplicate(format!("{}/{}", run.run_id, step.step_id))
-            } else {
-                crate::error::map(e)
-            }
-        })?;
+        .map_err(|e| duplicate_or(e, Entity::Step, &format!("{}/{}", run.run_id, step.step_id)))?;
     }
     tx.append(audit)?;
     Ok(CreateRun::Created)
@@ -503,19 +497,14 @@ fn record_step_in(
         return Ok(RecordStep::Recorded);
     }
     let Some(state) = load_run(conn, &run_id)? else {
-        return Err(StoreError::NotFound(run_id.to_string()));
+        return Err(StoreError::not_found(Entity::Run, &run_id));
     };
     match state.outcomes.get(&step_id) {
         Some(first) => Ok(RecordStep::AlreadyRecorded(first.clone())),
-        None => Err(StoreError::NotFound(format!("{run_id}/{step_id}"))),
-    }
-}
-
-fn map_duplicate(e: rusqlite::Error, what: &str) -> StoreError {
-    if is_unique_violation(&e) {
-        StoreError::Duplicate(what.to_string())
-    } else {
-        crate::error::map(e)
+        None => Err(StoreError::not_found(
+            Entity::Step,
+            format!("{run_id}/{step_id}"),
+        )),
     }
 }
 
@@ -588,7 +577,7 @@ impl Store for SqliteStore {
                     agent.created_at.0,
                     agent.envelope_id.as_ref().map(|e| e.as_str()),
                 ])
-                .map_err(|e| map_duplicate(e, agent.id.as_str()))?;
+                .map_err(|e| duplicate_or(e, Entity::Agent, agent.id.as_str()))?;
             tx.append(audit)?;
             Ok(())
         })
@@ -611,7 +600,7 @@ impl Store for SqliteStore {
                     .execute(params![id.as_str(), codec::status_to_sql(status)])
                     .store()?;
                 if changed == 0 {
-                    return Err(StoreError::NotFound(id.to_string()));
+                    return Err(StoreError::not_found(Entity::Agent, id));
                 }
             }
             drop(stmt);
@@ -635,7 +624,7 @@ impl Store for SqliteStore {
                 .execute(params![id.as_str(), codec::json_text(&capabilities)?])
                 .store()?;
             if changed == 0 {
-                return Err(StoreError::NotFound(id.to_string()));
+                return Err(StoreError::not_found(Entity::Agent, id));
             }
             tx.append(audit)?;
             Ok(())
@@ -664,7 +653,7 @@ impl Store for SqliteStore {
                     token.created_at.0,
                     token.revoked,
                 ])
-                .map_err(|e| map_duplicate(e, &token.token_id))?;
+                .map_err(|e| duplicate_or(e, Entity::Token, &token.token_id))?;
             tx.append(audit)?;
             Ok(())
         })

@@ -58,7 +58,7 @@ use warden_core::time::Timestamp;
 
 use crate::verify::{HeadAnchor, VerifyError, verify_store};
 use crate::{
-    AuditFn, CreateRun, Delete, DeleteOutcome, PutOutcome, RecordStep, RunRecord, RunStep,
+    AuditFn, CreateRun, Delete, DeleteOutcome, Entity, PutOutcome, RecordStep, RunRecord, RunStep,
     StepOutcome, StepStatus, Store, StoreError, StoredAgent, TokenRecord, TokenSubject, Usage,
 };
 
@@ -429,7 +429,10 @@ pub async fn agents_duplicate_is_rejected<S: Store>(store: S) {
         .insert_agent(other, register("root"))
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::Duplicate(_)), "{err:?}");
+    assert!(
+        matches!(err, StoreError::Duplicate { entity: Entity::Agent, ref id } if id == "root"),
+        "{err:?}"
+    );
     assert_eq!(
         store.load_agents().await.unwrap(),
         vec![agent("root", None)]
@@ -507,7 +510,10 @@ pub async fn agents_status_unknown_changes_nothing<S: Store>(store: S) {
         )
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::NotFound(_)), "{err:?}");
+    assert!(
+        matches!(err, StoreError::NotFound { entity: Entity::Agent, ref id } if id == "ghost"),
+        "{err:?}"
+    );
     assert_eq!(
         store.load_agents().await.unwrap()[0].status,
         AgentStatus::Active
@@ -562,7 +568,10 @@ pub async fn agents_capabilities_update<S: Store>(store: S) {
         )
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::NotFound(_)), "{err:?}");
+    assert!(
+        matches!(err, StoreError::NotFound { entity: Entity::Agent, ref id } if id == "ghost"),
+        "{err:?}"
+    );
     assert_eq!(head_count(&store).await, 3);
     assert_chain(&store).await;
 }
@@ -649,10 +658,16 @@ pub async fn tokens_duplicate_is_rejected<S: Store>(store: S) {
     };
     let same_hash = token("tok-2", "s1", TokenSubject::Agent(id("a")));
     let err = store.insert_token(same_hash, audit()).await.unwrap_err();
-    assert!(matches!(err, StoreError::Duplicate(_)), "{err:?}");
+    assert!(
+        matches!(err, StoreError::Duplicate { entity: Entity::Token, ref id } if id == "tok-2"),
+        "{err:?}"
+    );
     let same_id = token("tok-1", "s2", TokenSubject::Operator);
     let err = store.insert_token(same_id, audit()).await.unwrap_err();
-    assert!(matches!(err, StoreError::Duplicate(_)), "{err:?}");
+    assert!(
+        matches!(err, StoreError::Duplicate { entity: Entity::Token, ref id } if id == "tok-1"),
+        "{err:?}"
+    );
     assert_eq!(store.find_token(Digest::of(b"s2")).await.unwrap(), None);
     assert_eq!(store.find_token(t.hash).await.unwrap(), Some(t));
     assert_eq!(head_count(&store).await, 0);
@@ -1524,21 +1539,25 @@ pub async fn audit_verify_and_anchor<S: Store>(store: S) {
         seq: 2,
         hash: Digest::of(b"elsewhere"),
     };
-    assert_eq!(
-        verify_store(&store, Some(wrong)).await,
-        Err(VerifyError::AnchorMismatch { seq: 2 })
+    let r = verify_store(&store, Some(wrong)).await;
+    assert!(
+        matches!(r, Err(VerifyError::AnchorMismatch { seq: 2 })),
+        "{r:?}"
     );
     let beyond = HeadAnchor {
         seq: 9,
         hash: head.hash,
     };
     let err = verify_store(&store, Some(beyond)).await.unwrap_err();
-    assert_eq!(
-        err,
-        VerifyError::AnchorNotReached {
-            last_seq: 6,
-            anchor_seq: 9
-        }
+    assert!(
+        matches!(
+            err,
+            VerifyError::AnchorNotReached {
+                last_seq: 6,
+                anchor_seq: 9
+            }
+        ),
+        "{err:?}"
     );
     assert_eq!(err.seq(), Some(7));
 }
@@ -1674,12 +1693,18 @@ pub async fn record_step_unknown<S: Store>(store: S) {
         .record_step(run_id("ghost"), step_id("s1"), completed(json!(1)), audit())
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::NotFound(_)), "{err:?}");
+    assert!(
+        matches!(err, StoreError::NotFound { entity: Entity::Run, ref id } if id == "ghost"),
+        "{err:?}"
+    );
     let err = store
         .record_step(run_id("run-1"), step_id("s9"), completed(json!(1)), audit())
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::NotFound(_)), "{err:?}");
+    assert!(
+        matches!(err, StoreError::NotFound { entity: Entity::Step, ref id } if id == "run-1/s9"),
+        "{err:?}"
+    );
     assert_eq!(head_count(&store).await, 0);
     assert!(
         store
@@ -1727,7 +1752,13 @@ pub async fn mixed_concurrent_writers<S: Store>(store: S) {
                 let dup = store
                     .insert_agent(agent("root", None), register("dup"))
                     .await;
-                assert!(matches!(dup, Err(StoreError::Duplicate(_))));
+                assert!(matches!(
+                    dup,
+                    Err(StoreError::Duplicate {
+                        entity: Entity::Agent,
+                        ..
+                    })
+                ));
                 // Fails: unknown step.
                 let bad = store
                     .record_step(
@@ -1737,7 +1768,13 @@ pub async fn mixed_concurrent_writers<S: Store>(store: S) {
                         register("bad-step"),
                     )
                     .await;
-                assert!(matches!(bad, Err(StoreError::NotFound(_))));
+                assert!(matches!(
+                    bad,
+                    Err(StoreError::NotFound {
+                        entity: Entity::Step,
+                        ..
+                    })
+                ));
                 store
                     .append_audit(vec![draft("root", "note", &k, Verdict::Allow, "ok")])
                     .await

@@ -31,6 +31,7 @@
 //! ([`conformance_tests!`]); [`verify`] checks any backend's audit chain
 //! against its recorded head and an external [`HeadAnchor`].
 
+mod error;
 mod memory_store;
 mod records;
 
@@ -49,6 +50,7 @@ use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
 use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 
+pub use error::{BoxError, Entity, StoreError};
 pub use memory_store::MemoryStore;
 pub use records::*;
 pub use verify::{HeadAnchor, VerifyError, VerifyReport, verify_store};
@@ -56,35 +58,6 @@ pub use verify::{HeadAnchor, VerifyError, VerifyReport, verify_store};
 /// Turns the outcome of an operation decided inside a transaction into the
 /// audit entries committed with it.
 pub type AuditFn<T> = Box<dyn FnOnce(&T) -> Vec<AuditDraft> + Send>;
-
-/// Why a storage operation failed (as opposed to being denied: denials are
-/// outcomes, not errors).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum StoreError {
-    /// A unique key already exists (agent id, token, run id).
-    #[error("`{0}` already exists")]
-    Duplicate(String),
-    /// The row to change does not exist.
-    #[error("`{0}` not found")]
-    NotFound(String),
-    /// The database was written by a newer Warden.
-    #[error("database schema version {found} is newer than this build supports ({supported})")]
-    SchemaTooNew {
-        /// Version found in the database.
-        found: i64,
-        /// Newest version this build knows.
-        supported: i64,
-    },
-    /// The file is not a Warden database, or its contents are damaged.
-    #[error("not a usable warden database: {0}")]
-    Corrupt(String),
-    /// The database cannot be written.
-    #[error("database is read-only: {0}")]
-    ReadOnly(String),
-    /// Any other backend failure.
-    #[error("storage backend failed: {0}")]
-    Backend(String),
-}
 
 /// Storage for everything Warden decides about.
 ///

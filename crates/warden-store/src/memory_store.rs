@@ -14,7 +14,7 @@ use warden_core::memory::{MemoryRecord, Put, PutRejection, apply_put, check_resu
 use warden_core::time::Timestamp;
 
 use crate::{
-    AuditFn, CreateRun, Delete, DeleteOutcome, EscalationRecord, EscalationResolution,
+    AuditFn, CreateRun, Delete, DeleteOutcome, Entity, EscalationRecord, EscalationResolution,
     EscalationStatus, EscalationTarget, PutEnvelope, PutEscalation, PutOutcome, RecordStep,
     ResolveEscalation, RunRecord, RunState, StepOutcome, Store, StoreError, StoredAgent,
     TokenRecord, Usage,
@@ -138,7 +138,7 @@ impl MemoryStore {
     fn lock(&self) -> Result<MutexGuard<'_, Inner>, StoreError> {
         self.inner
             .lock()
-            .map_err(|_| StoreError::Backend("in-memory store lock poisoned".into()))
+            .map_err(|_| StoreError::backend("in-memory store lock poisoned"))
     }
 
     /// Direct access to the stored audit entries, for tests that tamper
@@ -168,7 +168,7 @@ impl Store for MemoryStore {
     ) -> Result<(), StoreError> {
         let mut g = self.lock()?;
         if g.agent_index.contains_key(&agent.id) {
-            return Err(StoreError::Duplicate(agent.id.to_string()));
+            return Err(StoreError::duplicate(Entity::Agent, &agent.id));
         }
         let at = g.agents.len();
         g.agent_index.insert(agent.id.clone(), at);
@@ -190,7 +190,7 @@ impl Store for MemoryStore {
                 .agent_index
                 .get(id)
                 .copied()
-                .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+                .ok_or_else(|| StoreError::not_found(Entity::Agent, id))?;
             positions.push(at);
         }
         for at in positions {
@@ -213,7 +213,7 @@ impl Store for MemoryStore {
             .agent_index
             .get(&id)
             .copied()
-            .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+            .ok_or_else(|| StoreError::not_found(Entity::Agent, id))?;
         if let Some(a) = g.agents.get_mut(at) {
             a.capabilities = capabilities;
         }
@@ -231,7 +231,7 @@ impl Store for MemoryStore {
             .iter()
             .any(|t| t.hash == token.hash || t.token_id == token.token_id)
         {
-            return Err(StoreError::Duplicate(token.token_id));
+            return Err(StoreError::duplicate(Entity::Token, token.token_id));
         }
         g.tokens.push(token);
         g.append(audit);
@@ -392,9 +392,12 @@ impl Store for MemoryStore {
         let run = g
             .runs
             .get_mut(&run_id)
-            .ok_or_else(|| StoreError::NotFound(run_id.to_string()))?;
+            .ok_or_else(|| StoreError::not_found(Entity::Run, &run_id))?;
         if !run.run.steps.iter().any(|s| s.step_id == step_id) {
-            return Err(StoreError::NotFound(format!("{run_id}/{step_id}")));
+            return Err(StoreError::not_found(
+                Entity::Step,
+                format!("{run_id}/{step_id}"),
+            ));
         }
         if let Some(existing) = run.outcomes.get(&step_id) {
             return Ok(RecordStep::AlreadyRecorded(existing.clone()));
@@ -462,7 +465,10 @@ impl Store for MemoryStore {
             .iter()
             .any(|e| e.escalation_id == escalation.escalation_id)
         {
-            return Err(StoreError::Duplicate(escalation.escalation_id));
+            return Err(StoreError::duplicate(
+                Entity::Escalation,
+                escalation.escalation_id,
+            ));
         }
         let outcome = match g
             .escalations

@@ -420,7 +420,7 @@ impl<S: Store> Engine<S> {
                     // Another node sharing the store, starting at the same
                     // time, seeded it first (and recorded it): take the
                     // stored agents and carry on.
-                    Err(EngineError::Store(warden_store::StoreError::Duplicate(_))) => {
+                    Err(EngineError::Store(warden_store::StoreError::Duplicate { .. })) => {
                         self.reload_agents().await?;
                     }
                     Err(e) => return Err(e),

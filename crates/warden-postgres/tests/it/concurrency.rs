@@ -220,7 +220,7 @@ async fn two_instances_share_one_verifiable_chain() {
                 let dup = store
                     .insert_agent(agent(&name, None), register("dup"))
                     .await;
-                assert!(matches!(dup, Err(StoreError::Duplicate(_))));
+                assert!(matches!(dup, Err(StoreError::Duplicate { .. })));
                 for i in 0..INCREMENTS {
                     loop {
                         let current = get_one(&store, "root", "ns", "counter").await.unwrap();

@@ -139,7 +139,7 @@ async fn foreign_tables_are_not_adopted() {
     let err = PgStore::connect_in_schema(&scratch.url, &scratch.schema)
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
     assert_eq!(count_tables(&sql, &scratch.schema).await, 1);
 }
 
@@ -169,7 +169,7 @@ async fn only_postgres_urls_and_plain_schema_names_are_accepted() {
     assert!(!is_postgres_url("sqlite://warden.db"));
     let err = PgStore::connect("sqlite://warden.db").await.unwrap_err();
     assert!(
-        matches!(err, StoreError::Backend(ref m) if m.contains("postgres://")),
+        matches!(err, StoreError::Backend { ref source } if source.to_string().contains("postgres://")),
         "{err:?}"
     );
     for bad in [
@@ -183,7 +183,7 @@ async fn only_postgres_urls_and_plain_schema_names_are_accepted() {
         let err = PgStore::connect_in_schema("postgres://nobody@127.0.0.1:1/none", bad)
             .await
             .unwrap_err();
-        assert!(matches!(err, StoreError::Backend(_)), "{bad}: {err:?}");
+        assert!(matches!(err, StoreError::Backend { .. }), "{bad}: {err:?}");
     }
 }
 

@@ -9,7 +9,7 @@ use warden_core::decision::Verdict;
 use warden_core::ids::{Label, RunId, StepId};
 use warden_core::time::Timestamp;
 use warden_store::{
-    CreateRun, RecordStep, RunRecord, RunStep, StepOutcome, StepStatus, Store, StoreError,
+    CreateRun, Entity, RecordStep, RunRecord, RunStep, StepOutcome, StepStatus, Store, StoreError,
 };
 
 use crate::support::*;
@@ -208,12 +208,12 @@ async fn unknown_run_or_step_is_not_found_and_appends_nothing() {
         .record_step(run_id("ghost"), step_id("s1"), completed(json!(1)), audit())
         .await
         .unwrap_err();
-    assert_eq!(err, StoreError::NotFound("ghost".into()));
+    assert_eq!(err, StoreError::not_found(Entity::Run, "ghost"));
     let err = store
         .record_step(run_id("run-1"), step_id("s9"), completed(json!(1)), audit())
         .await
         .unwrap_err();
-    assert_eq!(err, StoreError::NotFound("run-1/s9".into()));
+    assert_eq!(err, StoreError::not_found(Entity::Step, "run-1/s9"));
     assert_eq!(head_count(&store).await, 0);
 }
 

@@ -277,8 +277,8 @@ fn check(path: &Path, round: u64, acks: &Acks) {
     match verify_audit_path(path, None) {
         Ok(_) => {}
         // ...unless the child died before its first migration committed.
-        Err(VerifyError::Store(StoreError::ReadOnly(m)))
-            if nothing_acked && m.contains("not initialised") => {}
+        Err(VerifyError::Store(StoreError::ReadOnly { source }))
+            if nothing_acked && source.to_string().contains("not initialised") => {}
         Err(e) => panic!("round {round}: audit verification failed: {e}"),
     }
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -360,7 +360,7 @@ async fn a_panicking_audit_fn_changes_nothing() {
         .put_record(put("o", "ns", "k", json!(1), None), Timestamp(1), bomb)
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::Backend(_)), "{err:?}");
+    assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
     assert!(
         store
             .get_records(ns("ns"), key("k"), vec![id("o")])
