@@ -15,16 +15,18 @@ use warden_store::StoreError;
 use crate::error::DbResult;
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Every migration, in order: `(version it produces, SQL)`.
 ///
 /// - 1: agents, tokens, memory, the audit log and its head, runs, changes.
 /// - 2: context envelopes (`envelopes`, `envelope_heads`), the escalation
 ///   queue (`escalations`), and `envelope_id` on agents and runs.
+/// - 3: `finished_at` on runs (runs in flight), with its partial index.
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("migrations/0001_initial.sql")),
     (2, include_str!("migrations/0002_context.sql")),
+    (3, include_str!("migrations/0003_runs_in_flight.sql")),
 ];
 
 /// First key of the migration advisory lock ("Ward").

@@ -17,7 +17,7 @@ use crate::error::SqlResultExt;
 use crate::options::{OpenMode, SqliteOptions};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// `PRAGMA application_id` of a Warden database: ASCII `WRDN`. It marks the
 /// file as Warden's before any table is read (`file(1)` shows it too).
@@ -28,7 +28,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
 /// Each runs in the transaction that records its version; append only.
-const MIGRATIONS: &[&str] = &[V1, V2];
+const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 const V1: &str = r#"
 CREATE TABLE meta (
@@ -194,6 +194,22 @@ WHEN NOT ((OLD.status = 'pending' AND NEW.status IN ('approved', 'rejected'))
 BEGIN SELECT RAISE(ABORT, 'an escalation resolves once and is consumed once'); END;
 CREATE TRIGGER escalations_no_delete BEFORE DELETE ON escalations
 BEGIN SELECT RAISE(ABORT, 'escalations are kept'); END;
+"#;
+
+/// Runs in flight: when a run finished, so `create_run` can count the
+/// agent's unfinished runs in its transaction.
+const V3: &str = r#"
+-- Set once, in the transaction that records the step which finishes the
+-- run: a step that did not complete, or the last step without an outcome.
+ALTER TABLE runs ADD COLUMN finished_at INTEGER;
+UPDATE runs SET finished_at = coalesce(
+    (SELECT max(recorded_at) FROM run_steps s WHERE s.run_id = runs.run_id),
+    created_at)
+WHERE EXISTS (SELECT 1 FROM run_steps s
+              WHERE s.run_id = runs.run_id AND s.status IN ('failed', 'denied'))
+   OR NOT EXISTS (SELECT 1 FROM run_steps s
+                  WHERE s.run_id = runs.run_id AND s.status IS NULL);
+CREATE INDEX runs_in_flight ON runs (agent, created_at) WHERE finished_at IS NULL;
 "#;
 
 /// What a file holds, found by reading only.

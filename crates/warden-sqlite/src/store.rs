@@ -10,13 +10,13 @@ use warden_core::decision::Subject;
 use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::hierarchy::AgentStatus;
 use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
-use warden_core::memory::{MemoryRecord, Put, PutRejection, apply_put, check_result};
+use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 use warden_store::{
     AuditFn, CreateRun, Delete, DeleteOutcome, Entity, EscalationRecord, EscalationResolution,
     EscalationStatus, EscalationTarget, HeadAnchor, PutEnvelope, PutEscalation, PutOutcome,
-    RecordStep, ResolveEscalation, RunRecord, RunState, StepOutcome, Store, StoreError,
-    StoredAgent, TokenRecord, Usage, VerifyError, VerifyReport,
+    RecordStep, ResolveEscalation, RunRecord, RunState, RunsInFlight, StepOutcome, StorageQuota,
+    Store, StoreError, StoredAgent, TokenRecord, Usage, VerifyError, VerifyReport, decide_put,
 };
 
 use crate::codec::{self, seq_to_sql};
@@ -302,21 +302,38 @@ fn write_record(
     Ok(changed == 1)
 }
 
-fn put_in(tx: &mut Tx<'_>, put: Put, now: Timestamp) -> Result<PutOutcome, StoreError> {
+/// What `owner` holds, read in the caller's transaction.
+fn usage_in(conn: &Connection, owner: &AgentId) -> Result<Usage, StoreError> {
+    let (records, bytes): (i64, i64) = conn
+        .prepare_cached(
+            "SELECT count(*), coalesce(sum(length(CAST(value AS BLOB))), 0) \
+             FROM memory WHERE owner = ?1",
+        )
+        .store()?
+        .query_row([owner.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
+        .store()?;
+    Ok(Usage {
+        records: codec::to_u64("usage", records)?,
+        bytes: codec::to_u64("usage", bytes)?,
+    })
+}
+
+/// Decide and make a put in the writer's transaction: the current row and
+/// the owner's usage are read under the write lock, so the quota is exact.
+fn put_in(
+    tx: &mut Tx<'_>,
+    put: Put,
+    now: Timestamp,
+    quota: StorageQuota,
+) -> Result<PutOutcome, StoreError> {
     let conn = tx.conn();
     let current = select_record(conn, &put.owner, &put.namespace, &put.key)?;
-    let mut outcome = match apply_put(current.as_ref(), &put, now) {
-        Err(PutRejection::Conflict { current }) => PutOutcome::Conflict { current },
-        Ok(record) => match check_result(&record) {
-            Err(reason) => PutOutcome::Rejected {
-                reason: reason.to_string(),
-            },
-            Ok(()) => PutOutcome::Written {
-                created: record.revision == 1,
-                record,
-            },
-        },
+    let usage = if quota.is_unlimited() {
+        Usage::default()
+    } else {
+        usage_in(conn, &put.owner)?
     };
+    let mut outcome = decide_put(current.as_ref(), &put, now, quota, usage);
     if let PutOutcome::Written { record, .. } = &outcome {
         let expected = current.as_ref().map(|c| c.revision);
         if !write_record(conn, record, expected)? {
@@ -419,34 +436,52 @@ fn load_run(conn: &Connection, run_id: &RunId) -> Result<Option<RunState>, Store
 fn create_run_in(
     tx: &mut Tx<'_>,
     run: RunRecord,
-    audit: Vec<AuditDraft>,
+    limit: Option<RunsInFlight>,
+    audit: AuditFn<CreateRun>,
 ) -> Result<CreateRun, StoreError> {
     let conn = tx.conn();
-    let inserted = conn
-        .prepare_cached(
-            "INSERT INTO runs (run_id, agent, sop_hash, sop, policy_version, created_at, \
-             envelope_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (run_id) DO NOTHING",
-        )
-        .store()?
-        .execute(params![
-            run.run_id.as_str(),
-            run.agent.as_str(),
-            run.sop_hash.0,
-            codec::json_text(&run.sop)?,
-            run.policy_version,
-            run.created_at.0,
-            run.envelope_id.as_ref().map(|e| e.as_str()),
-        ])
-        .store()?;
-    if inserted == 0 {
-        return match load_run(conn, &run.run_id)? {
-            Some(existing) => Ok(CreateRun::Existing(Box::new(existing))),
-            None => Err(StoreError::backend(format!(
-                "run `{}` exists but cannot be read",
-                run.run_id
-            ))),
-        };
+    // An existing run is returned whatever the quota.
+    if let Some(existing) = load_run(conn, &run.run_id)? {
+        let outcome = CreateRun::Existing(Box::new(existing));
+        tx.append(audit(&outcome))?;
+        return Ok(outcome);
     }
+    if let Some(limit) = limit {
+        let in_flight: i64 = conn
+            .prepare_cached(
+                "SELECT count(*) FROM runs \
+                 WHERE agent = ?1 AND finished_at IS NULL AND created_at >= ?2",
+            )
+            .store()?
+            .query_row(params![run.agent.as_str(), limit.since.0], |r| r.get(0))
+            .store()?;
+        let in_flight = u32::try_from(in_flight).unwrap_or(u32::MAX);
+        if in_flight >= limit.max {
+            let outcome = CreateRun::OverQuota {
+                limit: limit.max,
+                in_flight,
+            };
+            tx.append(audit(&outcome))?;
+            return Ok(outcome);
+        }
+    }
+    conn.prepare_cached(
+        "INSERT INTO runs (run_id, agent, sop_hash, sop, policy_version, created_at, \
+         envelope_id, finished_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )
+    .store()?
+    .execute(params![
+        run.run_id.as_str(),
+        run.agent.as_str(),
+        run.sop_hash.0,
+        codec::json_text(&run.sop)?,
+        run.policy_version,
+        run.created_at.0,
+        run.envelope_id.as_ref().map(|e| e.as_str()),
+        // A run without steps has nothing left to do.
+        run.steps.is_empty().then_some(run.created_at.0),
+    ])
+    .map_err(|e| duplicate_or(e, Entity::Run, run.run_id.as_str()))?;
     let mut stmt = conn
         .prepare_cached(
             "INSERT INTO run_steps (run_id, position, step_id, action, operation_id) \
@@ -463,8 +498,9 @@ fn create_run_in(
         ])
         .map_err(|e| duplicate_or(e, Entity::Step, &format!("{}/{}", run.run_id, step.step_id)))?;
     }
-    tx.append(audit)?;
-    Ok(CreateRun::Created)
+    let outcome = CreateRun::Created;
+    tx.append(audit(&outcome))?;
+    Ok(outcome)
 }
 
 fn record_step_in(
@@ -493,6 +529,20 @@ fn record_step_in(
         ])
         .store()?;
     if changed == 1 {
+        // The run is finished by a step that did not complete, or by the
+        // last step without an outcome.
+        conn.prepare_cached(
+            "UPDATE runs SET finished_at = ?2 WHERE run_id = ?1 AND finished_at IS NULL \
+             AND (?3 != 'completed' OR NOT EXISTS \
+               (SELECT 1 FROM run_steps WHERE run_id = ?1 AND status IS NULL))",
+        )
+        .store()?
+        .execute(params![
+            run_id.as_str(),
+            outcome.recorded_at.0,
+            codec::step_status_to_sql(outcome.status),
+        ])
+        .store()?;
         tx.append(audit)?;
         return Ok(RecordStep::Recorded);
     }
@@ -739,10 +789,11 @@ impl Store for SqliteStore {
         &self,
         put: Put,
         now: Timestamp,
+        quota: StorageQuota,
         audit: AuditFn<PutOutcome>,
     ) -> Result<PutOutcome, StoreError> {
         self.write(move |tx| {
-            let outcome = put_in(tx, put, now)?;
+            let outcome = put_in(tx, put, now, quota)?;
             tx.append(audit(&outcome))?;
             Ok(outcome)
         })
@@ -763,21 +814,7 @@ impl Store for SqliteStore {
     }
 
     async fn owner_usage(&self, owner: AgentId) -> Result<Usage, StoreError> {
-        self.read(move |conn| {
-            let (records, bytes): (i64, i64) = conn
-                .prepare_cached(
-                    "SELECT count(*), coalesce(sum(length(CAST(value AS BLOB))), 0) \
-                     FROM memory WHERE owner = ?1",
-                )
-                .store()?
-                .query_row([owner.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
-                .store()?;
-            Ok(Usage {
-                records: codec::to_u64("usage", records)?,
-                bytes: codec::to_u64("usage", bytes)?,
-            })
-        })
-        .await
+        self.read(move |conn| usage_in(conn, &owner)).await
     }
 
     async fn append_audit(&self, drafts: Vec<AuditDraft>) -> Result<ChainHead, StoreError> {
@@ -799,9 +836,11 @@ impl Store for SqliteStore {
     async fn create_run(
         &self,
         run: RunRecord,
-        audit: Vec<AuditDraft>,
+        limit: Option<RunsInFlight>,
+        audit: AuditFn<CreateRun>,
     ) -> Result<CreateRun, StoreError> {
-        self.write(move |tx| create_run_in(tx, run, audit)).await
+        self.write(move |tx| create_run_in(tx, run, limit, audit))
+            .await
     }
 
     async fn get_run(&self, run_id: RunId) -> Result<Option<RunState>, StoreError> {

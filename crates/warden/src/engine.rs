@@ -460,6 +460,7 @@ impl<S: Store> Engine<S> {
                     .put_record(
                         put,
                         now,
+                        warden_store::StorageQuota::default(),
                         Box::new(move |outcome| match outcome {
                             PutOutcome::Written { .. } => {
                                 vec![AuditDraft::from_decision(&template)]
@@ -1237,6 +1238,7 @@ impl<S: Store> Engine<S> {
             .put_record(
                 put,
                 now,
+                warden_store::StorageQuota::default(),
                 Box::new(move |o| {
                     let d = match o {
                         PutOutcome::Written { record, .. } => {
@@ -1250,6 +1252,8 @@ impl<S: Store> Engine<S> {
                             reason: Reason::from_string(reason.clone()),
                             ..r
                         },
+                        // No quota is passed: never happens.
+                        PutOutcome::OverQuota { .. } => return Vec::new(),
                     };
                     vec![AuditDraft::from_decision(&d)]
                 }),
@@ -1274,6 +1278,12 @@ impl<S: Store> Engine<S> {
                 record: None,
                 current_revision: None,
             },
+            // No quota is passed: never happens.
+            PutOutcome::OverQuota { .. } => {
+                return Err(EngineError::Store(warden_store::StoreError::backend(
+                    "a write without a quota was refused as over quota",
+                )));
+            }
         })
     }
 
@@ -1488,7 +1498,12 @@ impl<S: Store> Engine<S> {
             self.create_envelope(envelope.to_record()).await?;
             drafts.push(draft);
         }
-        match self.inner.store.create_run(record.clone(), drafts).await? {
+        match self
+            .inner
+            .store
+            .create_run(record.clone(), None, warden_store::audit_if_created(drafts))
+            .await?
+        {
             CreateRun::Created => Ok(Admission::Admitted {
                 run: record,
                 preflight: result,
@@ -1496,6 +1511,12 @@ impl<S: Store> Engine<S> {
             }),
             CreateRun::Existing(state) => {
                 existing_admission(*state, actor, sop_hash, result, &run_id)
+            }
+            // No limit is passed: never happens.
+            CreateRun::OverQuota { .. } => {
+                Err(EngineError::Store(warden_store::StoreError::backend(
+                    "a run without a limit was refused as over quota",
+                )))
             }
         }
     }

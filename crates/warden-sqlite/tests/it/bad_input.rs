@@ -107,6 +107,7 @@ async fn read_only_mode_reads_and_refuses_writes() {
             .put_record(
                 put("a", "ns", "k", json!(1), None),
                 warden_core::time::Timestamp(1),
+                warden_store::StorageQuota::default(),
                 put_audit("a", "ns.k", 1),
             )
             .await
@@ -132,6 +133,7 @@ async fn read_only_mode_reads_and_refuses_writes() {
         .put_record(
             put("a", "ns", "k", json!(2), None),
             warden_core::time::Timestamp(2),
+            warden_store::StorageQuota::default(),
             put_audit("a", "ns.k", 2),
         )
         .await

@@ -118,7 +118,10 @@ async fn child(round: u64, path: &Path) {
                 created_at: Timestamp(1),
                 envelope_id: None,
             };
-            store.create_run(run, vec![]).await.unwrap();
+            store
+                .create_run(run, None, warden_store::audit_if_created(vec![]))
+                .await
+                .unwrap();
             let started = Instant::now();
             // Bounded: the parent kills long before this ends.
             for i in 0..5_000u64 {
@@ -137,6 +140,7 @@ async fn child(round: u64, path: &Path) {
                             Some(0),
                         ),
                         Timestamp(i as i64),
+                        warden_store::StorageQuota::default(),
                         put_audit("crasher", &resource, i),
                     )
                     .await
