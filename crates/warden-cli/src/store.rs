@@ -17,8 +17,8 @@ use warden_core::time::Timestamp;
 use warden_store::{
     AuditFn, CreateRun, Delete, DeleteOutcome, EscalationRecord, EscalationResolution,
     EscalationStatus, EscalationTarget, MemoryStore, PutEnvelope, PutEscalation, PutOutcome,
-    RecordStep, ResolveEscalation, RunRecord, RunState, StepOutcome, Store, StoreError,
-    StoredAgent, TokenRecord, Usage,
+    RecordStep, ResolveEscalation, RunRecord, RunState, RunsInFlight, StepOutcome, StorageQuota,
+    Store, StoreError, StoredAgent, TokenRecord, Usage,
 };
 
 /// Every backend this binary can use.
@@ -162,9 +162,10 @@ impl Store for AnyStore {
         &self,
         put: Put,
         now: Timestamp,
+        quota: StorageQuota,
         audit: AuditFn<PutOutcome>,
     ) -> Result<PutOutcome, StoreError> {
-        delegate!(self, s => s.put_record(put, now, audit).await)
+        delegate!(self, s => s.put_record(put, now, quota, audit).await)
     }
 
     async fn delete_record(
@@ -194,9 +195,10 @@ impl Store for AnyStore {
     async fn create_run(
         &self,
         run: RunRecord,
-        audit: Vec<AuditDraft>,
+        limit: Option<RunsInFlight>,
+        audit: AuditFn<CreateRun>,
     ) -> Result<CreateRun, StoreError> {
-        delegate!(self, s => s.create_run(run, audit).await)
+        delegate!(self, s => s.create_run(run, limit, audit).await)
     }
 
     async fn get_run(&self, run_id: RunId) -> Result<Option<RunState>, StoreError> {

@@ -75,6 +75,7 @@ async fn cas_puts(store: &PgStore, client: usize, revision: &mut u64, n: u64) {
             .put_record(
                 put("bench", &k, *revision, Some(*revision)),
                 Timestamp(1),
+                warden_store::StorageQuota::default(),
                 audit(format!("bench.{k}")),
             )
             .await
@@ -98,7 +99,12 @@ fn bench_puts(c: &mut Criterion, rt: &Runtime, store: &PgStore) {
             for i in 0..clients {
                 let k = format!("k{i}");
                 let r = store
-                    .put_record(put("bench", &k, 0, None), Timestamp(1), audit(k.clone()))
+                    .put_record(
+                        put("bench", &k, 0, None),
+                        Timestamp(1),
+                        warden_store::StorageQuota::default(),
+                        audit(k.clone()),
+                    )
                     .await
                     .unwrap();
                 match r {
@@ -150,6 +156,7 @@ fn bench_reads(c: &mut Criterion, rt: &Runtime, store: &PgStore) {
                 .put_record(
                     put(o.as_str(), "read", i as u64, None),
                     Timestamp(1),
+                    warden_store::StorageQuota::default(),
                     audit("read".into()),
                 )
                 .await

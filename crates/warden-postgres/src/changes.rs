@@ -266,7 +266,7 @@ fn change_out(row: &tokio_postgres::Row) -> Result<Change, StoreError> {
     Ok(Change {
         seq: u64_out(seq, "change sequence number")?,
         kind: ChangeKind::parse(kind)
-            .ok_or_else(|| StoreError::Corrupt(format!("unknown change kind `{kind}`")))?,
+            .ok_or_else(|| StoreError::corrupt(format!("unknown change kind `{kind}`")))?,
         ids: ids.into_iter().map(text_out).collect::<Result<_, _>>()?,
     })
 }

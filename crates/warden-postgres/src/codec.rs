@@ -74,13 +74,13 @@ pub(crate) fn text_out(s: String) -> Result<String, StoreError> {
 }
 
 pub(crate) fn corrupt(what: impl Into<String>) -> StoreError {
-    StoreError::Corrupt(what.into())
+    StoreError::corrupt(what)
 }
 
 /// JSON as the exact text serde_json writes.
 pub(crate) fn json_in(value: &Value) -> Result<String, StoreError> {
     serde_json::to_string(value)
-        .map_err(|e| StoreError::Backend(format!("cannot encode a json value: {e}")))
+        .map_err(|e| StoreError::backend(format!("cannot encode a json value: {e}")))
 }
 
 pub(crate) fn json_out(text: &str) -> Result<Value, StoreError> {
@@ -89,7 +89,7 @@ pub(crate) fn json_out(text: &str) -> Result<Value, StoreError> {
 
 /// A `u64` counter as BIGINT.
 pub(crate) fn u64_in(n: u64, what: &str) -> Result<i64, StoreError> {
-    i64::try_from(n).map_err(|_| StoreError::Backend(format!("{what} {n} is too large to store")))
+    i64::try_from(n).map_err(|_| StoreError::backend(format!("{what} {n} is too large to store")))
 }
 
 pub(crate) fn u64_out(n: i64, what: &str) -> Result<u64, StoreError> {
@@ -306,7 +306,7 @@ pub(crate) fn audit_out(row: &Row) -> Result<AuditEntry, StoreError> {
     let seq: i64 = row.try_get(0).map_err(crate::error::column)?;
     let seq = u64_out(seq, "audit sequence number")?;
     let at = |e: StoreError| match e {
-        StoreError::Corrupt(m) => StoreError::Corrupt(format!("audit entry {seq}: {m}")),
+        e @ StoreError::Corrupt { .. } => e.context(format_args!("audit entry {seq}")),
         other => other,
     };
     let text = |i: usize| -> Result<String, StoreError> {
@@ -378,7 +378,7 @@ pub(crate) fn envelope_id(s: &str) -> Result<EnvelopeId, StoreError> {
 /// An envelope version as stored: the exact JSON serde_json writes.
 pub(crate) fn envelope_in(record: &EnvelopeRecord) -> Result<String, StoreError> {
     serde_json::to_string(record)
-        .map_err(|e| StoreError::Backend(format!("cannot encode an envelope: {e}")))
+        .map_err(|e| StoreError::backend(format!("cannot encode an envelope: {e}")))
 }
 
 /// Decodes a row of `envelope_id, version, record`; the record must be the
@@ -401,7 +401,7 @@ pub(crate) fn envelope_out(row: &Row) -> Result<EnvelopeRecord, StoreError> {
 /// writes fields in declaration order, so equal targets give equal text).
 pub(crate) fn target_in(target: &EscalationTarget) -> Result<String, StoreError> {
     serde_json::to_string(target)
-        .map_err(|e| StoreError::Backend(format!("cannot encode an escalation target: {e}")))
+        .map_err(|e| StoreError::backend(format!("cannot encode an escalation target: {e}")))
 }
 
 fn target_out(text: &str) -> Result<EscalationTarget, StoreError> {
@@ -436,7 +436,7 @@ pub(crate) fn escalation_status_out(s: &str) -> Result<EscalationStatus, StoreEr
 /// Obligations as stored: a JSON array.
 pub(crate) fn obligations_in(obligations: &[Obligation]) -> Result<String, StoreError> {
     serde_json::to_string(obligations)
-        .map_err(|e| StoreError::Backend(format!("cannot encode obligations: {e}")))
+        .map_err(|e| StoreError::backend(format!("cannot encode obligations: {e}")))
 }
 
 /// Decodes a row of these columns, in order:
@@ -448,7 +448,7 @@ pub(crate) fn escalation_out(row: &Row) -> Result<EscalationRecord, StoreError> 
     let escalation_id: String = row.try_get(0).map_err(col)?;
     let escalation_id = text_out(escalation_id)?;
     let at = |e: StoreError| match e {
-        StoreError::Corrupt(m) => StoreError::Corrupt(format!("escalation `{escalation_id}`: {m}")),
+        e @ StoreError::Corrupt { .. } => e.context(format_args!("escalation `{escalation_id}`")),
         other => other,
     };
     let target: &str = row.try_get(1).map_err(col)?;

@@ -63,6 +63,15 @@
 //!   8 clients together reach about 480 per second; `get_records` takes
 //!   0.1 to 0.2 ms. The flush dominates: a faster disk, or a database
 //!   server with a battery-backed cache, raises the ceiling directly.
+//! - **Quotas are exact across servers.** A put with a `StorageQuota`
+//!   takes a transaction-scoped advisory lock on its owner
+//!   (`pg_advisory_xact_lock`), then reads the owner's usage and decides in
+//!   the same transaction; a `create_run` with a `RunsInFlight` limit does
+//!   the same per agent and counts the unfinished runs (`runs.finished_at`,
+//!   schema version 3, set when the step that finishes a run is recorded,
+//!   under the run's row lock). Of concurrent writers on any number of
+//!   servers, the limit is never exceeded. Writes without a quota take no
+//!   lock.
 //! - **Acknowledged means durable.** A method returns `Ok` only after
 //!   `COMMIT` returned. Each connection makes sure `synchronous_commit` is
 //!   not `off` (any stronger setting the operator chose, such as
@@ -159,7 +168,8 @@
 //! enforced by a trigger), `audit_head`, `runs` and `run_steps` (one row per
 //! step; an outcome is set once with `UPDATE ... WHERE status IS NULL`),
 //! `changes`, and (schema version 2) `envelopes` with `envelope_heads`,
-//! `escalations`, and the `envelope_id` columns of `agents` and `runs`.
+//! `escalations`, and the `envelope_id` columns of `agents` and `runs`;
+//! (schema version 3) `runs.finished_at` with a partial index.
 //! A version 1 database is migrated in place on connect, its rows kept
 //! (agents and runs made before have no envelope). JSON values are stored as the exact text serde_json
 //! writes, so values, audit details and hashes round-trip exactly.

@@ -159,7 +159,7 @@ impl Pooled<'_> {
     pub(crate) fn conn(&mut self) -> Result<&mut Conn, StoreError> {
         self.conn
             .as_mut()
-            .ok_or_else(|| StoreError::Backend("the pooled connection was already returned".into()))
+            .ok_or_else(|| StoreError::backend("the pooled connection was already returned"))
     }
 
     /// [`Conn::query`] on the pooled connection.
@@ -211,7 +211,7 @@ impl Pool {
             .permits
             .acquire()
             .await
-            .map_err(|_| StoreError::Backend("the connection pool is closed".into()))?;
+            .map_err(|_| StoreError::backend("the connection pool is closed"))?;
         loop {
             let candidate = self.lock_idle().pop();
             match candidate {
@@ -251,12 +251,7 @@ impl Pool {
 pub(crate) async fn connect(config: &Config) -> Result<Client, StoreError> {
     let (client, connection) = config.connect(NoTls).await.map_err(|e| {
         let target = describe(config);
-        match crate::error::db(e) {
-            StoreError::Backend(m) => {
-                StoreError::Backend(format!("cannot connect to {target}: {m}"))
-            }
-            other => other,
-        }
+        crate::error::db(e).context(format_args!("cannot connect to {target}"))
     })?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {

@@ -15,16 +15,18 @@ use warden_store::StoreError;
 use crate::error::DbResult;
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Every migration, in order: `(version it produces, SQL)`.
 ///
 /// - 1: agents, tokens, memory, the audit log and its head, runs, changes.
 /// - 2: context envelopes (`envelopes`, `envelope_heads`), the escalation
 ///   queue (`escalations`), and `envelope_id` on agents and runs.
+/// - 3: `finished_at` on runs (runs in flight), with its partial index.
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("migrations/0001_initial.sql")),
     (2, include_str!("migrations/0002_context.sql")),
+    (3, include_str!("migrations/0003_runs_in_flight.sql")),
 ];
 
 /// First key of the migration advisory lock ("Ward").
@@ -88,7 +90,7 @@ pub(crate) async fn migrate(
             .query_opt("SELECT schema_version FROM warden_meta", &[])
             .await
             .db()?
-            .ok_or_else(|| StoreError::Corrupt("warden_meta holds no schema version".into()))?;
+            .ok_or_else(|| StoreError::corrupt("warden_meta holds no schema version"))?;
         row.try_get::<_, i64>(0).map_err(crate::error::column)?
     } else {
         let tables: i64 = tx
@@ -103,7 +105,7 @@ pub(crate) async fn migrate(
             .try_get(0)
             .map_err(crate::error::column)?;
         if tables > 0 {
-            return Err(StoreError::Corrupt(format!(
+            return Err(StoreError::corrupt(format!(
                 "schema `{schema}` holds tables named like warden's but no warden_meta"
             )));
         }
@@ -122,14 +124,9 @@ pub(crate) async fn migrate(
     }
     for (version, sql) in MIGRATIONS {
         if *version > found {
-            tx.batch_execute(sql)
-                .await
-                .map_err(|e| match crate::error::db(e) {
-                    StoreError::Backend(m) => {
-                        StoreError::Backend(format!("migration to version {version} failed: {m}"))
-                    }
-                    other => other,
-                })?;
+            tx.batch_execute(sql).await.map_err(|e| {
+                crate::error::db(e).context(format_args!("migration to version {version} failed"))
+            })?;
         }
     }
     if found == 0 {
@@ -164,7 +161,7 @@ pub(crate) async fn check_existing(client: &Client, schema: &str) -> Result<(), 
         .try_get(0)
         .map_err(crate::error::column)?;
     if !has_meta {
-        return Err(StoreError::Corrupt(format!(
+        return Err(StoreError::corrupt(format!(
             "schema `{schema}` holds no warden database"
         )));
     }
@@ -172,7 +169,7 @@ pub(crate) async fn check_existing(client: &Client, schema: &str) -> Result<(), 
         .query_opt("SELECT schema_version FROM warden_meta", &[])
         .await
         .db()?
-        .ok_or_else(|| StoreError::Corrupt("warden_meta holds no schema version".into()))?
+        .ok_or_else(|| StoreError::corrupt("warden_meta holds no schema version"))?
         .try_get(0)
         .map_err(crate::error::column)?;
     if found > SCHEMA_VERSION {

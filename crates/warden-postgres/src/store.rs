@@ -10,13 +10,13 @@ use warden_core::decision::Subject;
 use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::hierarchy::AgentStatus;
 use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
-use warden_core::memory::{MemoryRecord, Put, PutRejection, apply_put, check_result};
+use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 use warden_store::{
-    AuditFn, CreateRun, Delete, DeleteOutcome, EscalationRecord, EscalationResolution,
+    AuditFn, CreateRun, Delete, DeleteOutcome, Entity, EscalationRecord, EscalationResolution,
     EscalationStatus, EscalationTarget, PutEnvelope, PutEscalation, PutOutcome, RecordStep,
-    ResolveEscalation, RunRecord, RunState, RunStep, StepOutcome, Store, StoreError, StoredAgent,
-    TokenRecord, Usage,
+    ResolveEscalation, RunRecord, RunState, RunStep, RunsInFlight, StepOutcome, StorageQuota,
+    Store, StoreError, StoredAgent, TokenRecord, Usage, decide_put,
 };
 
 use crate::changes::ChangeKind;
@@ -121,7 +121,7 @@ fn check_schema_name(schema: &str) -> Result<(), StoreError> {
     if ok {
         Ok(())
     } else {
-        Err(StoreError::Backend(format!(
+        Err(StoreError::backend(format!(
             "schema name `{schema}` must be 1 to {MAX_SCHEMA_LEN} characters from a-z 0-9 _, not starting with a digit"
         )))
     }
@@ -214,13 +214,13 @@ impl PgStore {
 /// for what it leaves out (application name, connect timeout).
 pub(crate) fn parse_url(url: &str) -> Result<Config, StoreError> {
     if !is_postgres_url(url) {
-        return Err(StoreError::Backend(
-            "a postgres database url starts with `postgres://` or `postgresql://`".into(),
+        return Err(StoreError::backend(
+            "a postgres database url starts with `postgres://` or `postgresql://`",
         ));
     }
     let mut config: Config = url
         .parse()
-        .map_err(|e| StoreError::Backend(format!("invalid postgres url: {e}")))?;
+        .map_err(|e| StoreError::backend(format!("invalid postgres url: {e}")))?;
     if config.get_application_name().is_none() {
         config.application_name("warden");
     }
@@ -239,10 +239,10 @@ pub(crate) async fn current_schema(client: &tokio_postgres::Client) -> Result<St
         .db()?;
     let current: Option<String> = row.try_get(0).map_err(crate::error::column)?;
     let current = current.ok_or_else(|| {
-        StoreError::Backend("the connection's search_path names no existing schema".into())
+        StoreError::backend("the connection's search_path names no existing schema")
     })?;
     if current.len() > MAX_SCHEMA_LEN {
-        return Err(StoreError::Backend(format!(
+        return Err(StoreError::backend(format!(
             "schema name `{current}` is longer than {MAX_SCHEMA_LEN} bytes"
         )));
     }
@@ -325,6 +325,10 @@ pub(crate) mod sql {
          WHERE owner = $1 AND namespace = $2 AND key = $3 AND revision = $4 RETURNING revision";
     pub const OWNER_USAGE: &str = "SELECT count(*), coalesce(sum(value_bytes), 0)::bigint \
          FROM memory WHERE owner = $1";
+    /// Serialises the quota-checked transactions of one owner (`$1` is the
+    /// kind of quota, `$2` the owner or agent) until commit, on every
+    /// server: usage read after it is exact until this transaction ends.
+    pub const QUOTA_LOCK: &str = "SELECT pg_advisory_xact_lock($1::int, hashtext($2::text))";
 
     pub const HEAD: &str = "SELECT seq, hash FROM audit_head";
     /// The lock that orders every appending transaction.
@@ -352,8 +356,19 @@ pub(crate) mod sql {
     pub const CHANGE_HEAD: &str = "SELECT coalesce(max(seq), 0) FROM changes";
 
     pub const INSERT_RUN: &str = "INSERT INTO runs \
-         (run_id, agent, sop_hash, sop, policy_version, created_at, envelope_id) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (run_id) DO NOTHING";
+         (run_id, agent, sop_hash, sop, policy_version, created_at, envelope_id, finished_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (run_id) DO NOTHING";
+    /// Runs of agent `$1` not finished and created at or after `$2`.
+    pub const RUNS_IN_FLIGHT: &str = "SELECT count(*) FROM runs \
+         WHERE agent = $1 AND finished_at IS NULL AND created_at >= $2";
+    /// Serialises the step recordings of one run, so the one that records
+    /// its last outcome sees the others.
+    pub const LOCK_RUN: &str = "SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE";
+    /// Marks the run finished if the step just recorded (`$3` its status)
+    /// finished it: not completed, or the last one without an outcome.
+    pub const FINISH_RUN: &str = "UPDATE runs SET finished_at = $2 \
+         WHERE run_id = $1 AND finished_at IS NULL AND ($3::text <> 'completed' \
+           OR NOT EXISTS (SELECT 1 FROM run_steps WHERE run_id = $1 AND status IS NULL))";
     pub const INSERT_STEPS: &str = "INSERT INTO run_steps (run_id, ord, step_id, action, operation_id) \
          SELECT $1::text, s.ord, s.step_id, s.action, s.operation_id \
          FROM unnest($2::int[], $3::text[], $4::text[], $5::text[]) \
@@ -447,7 +462,7 @@ pub(crate) fn head_out(row: &tokio_postgres::Row) -> Result<ChainHead, StoreErro
 }
 
 fn missing_head() -> StoreError {
-    StoreError::Corrupt("the audit head row is missing".into())
+    StoreError::corrupt("the audit head row is missing")
 }
 
 /// A change to record with the transaction.
@@ -516,7 +531,7 @@ impl Tx<'_> {
         let mut next = head;
         for draft in drafts {
             let seq = next.seq.checked_add(1).ok_or_else(|| {
-                StoreError::Backend("the audit log is full (sequence number overflow)".into())
+                StoreError::backend("the audit log is full (sequence number overflow)")
             })?;
             let entry = draft.seal(seq, next.hash);
             seqs.push(u64_in(entry.seq, "audit sequence number")?);
@@ -561,8 +576,8 @@ impl Tx<'_> {
     }
 }
 
-fn not_found(what: impl std::fmt::Display) -> StoreError {
-    StoreError::NotFound(what.to_string())
+fn not_found(entity: Entity, id: impl std::fmt::Display) -> StoreError {
+    StoreError::not_found(entity, id)
 }
 
 /// The `(owner, namespace, key)` parameters of a record.
@@ -588,8 +603,18 @@ impl PgStore {
         tx: &mut Tx<'_>,
         put: &Put,
         now: Timestamp,
+        quota: StorageQuota,
     ) -> Result<Option<PutOutcome>, StoreError> {
         let [owner, namespace, key] = record_key(&put.owner, &put.namespace, &put.key);
+        let usage = if quota.is_unlimited() {
+            Usage::default()
+        } else {
+            // Taken before anything is read: the owner's other
+            // quota-checked writes (on any server) wait until this commits.
+            tx.query(sql::QUOTA_LOCK, &[&QUOTA_LOCK_RECORDS, &owner])
+                .await?;
+            usage_out(&tx.query(sql::OWNER_USAGE, &[&owner]).await?)?
+        };
         let current = match tx
             .query_opt(sql::SELECT_RECORD, &[&owner, &namespace, &key])
             .await?
@@ -597,17 +622,10 @@ impl PgStore {
             Some(row) => Some(record_out(&row)?),
             None => None,
         };
-        let record = match apply_put(current.as_ref(), put, now) {
-            Err(PutRejection::Conflict { current }) => {
-                return Ok(Some(PutOutcome::Conflict { current }));
-            }
-            Ok(record) => record,
+        let outcome = decide_put(current.as_ref(), put, now, quota, usage);
+        let PutOutcome::Written { record, .. } = &outcome else {
+            return Ok(Some(outcome));
         };
-        if let Err(reason) = check_result(&record) {
-            return Ok(Some(PutOutcome::Rejected {
-                reason: reason.to_string(),
-            }));
-        }
         let value = json_in(&record.value)?;
         let class = class_in(&record.class);
         let visibility = record.visibility.as_str();
@@ -652,10 +670,7 @@ impl PgStore {
             }
         };
         if changed == 1 {
-            return Ok(Some(PutOutcome::Written {
-                created: current.is_none(),
-                record,
-            }));
+            return Ok(Some(outcome));
         }
         // Zero rows: another writer committed first. For a compare-and-set
         // on a revision that is a conflict, decided here against the
@@ -682,6 +697,70 @@ impl PgStore {
             None => Ok(None),
         }
     }
+}
+
+/// First key of the advisory lock of quota-checked memory writes ("WQmr").
+const QUOTA_LOCK_RECORDS: i32 = 0x5751_6d72;
+/// First key of the advisory lock of limited run creation ("WQrn").
+const QUOTA_LOCK_RUNS: i32 = 0x5751_726e;
+
+/// The single row of [`sql::OWNER_USAGE`].
+fn usage_out(rows: &[tokio_postgres::Row]) -> Result<Usage, StoreError> {
+    let Some(row) = rows.first() else {
+        return Ok(Usage::default());
+    };
+    let records: i64 = row.try_get(0).map_err(crate::error::column)?;
+    let bytes: i64 = row.try_get(1).map_err(crate::error::column)?;
+    Ok(Usage {
+        records: u64_out(records, "record count")?,
+        bytes: u64_out(bytes, "byte count")?,
+    })
+}
+
+/// A run from the rows of [`sql::GET_RUN`] (`None` when there are none).
+fn run_out(run_id: &RunId, rows: &[tokio_postgres::Row]) -> Result<Option<RunState>, StoreError> {
+    let Some(first) = rows.first() else {
+        return Ok(None);
+    };
+    let col = crate::error::column;
+    let agent: &str = first.try_get(0).map_err(col)?;
+    let sop_hash: &[u8] = first.try_get(1).map_err(col)?;
+    let sop: &str = first.try_get(2).map_err(col)?;
+    let policy_version: String = first.try_get(3).map_err(col)?;
+    let created_at: i64 = first.try_get(4).map_err(col)?;
+    let envelope: Option<&str> = first.try_get(13).map_err(col)?;
+    let mut steps = Vec::with_capacity(rows.len());
+    let mut outcomes = std::collections::BTreeMap::new();
+    for row in rows {
+        let step_id: Option<&str> = row.try_get(5).map_err(col)?;
+        let Some(step_id) = step_id else {
+            continue;
+        };
+        let step_id = codec::step_id(step_id)?;
+        let action: &str = row.try_get(6).map_err(col)?;
+        let operation_id: String = row.try_get(7).map_err(col)?;
+        if let Some(outcome) = codec::outcome_out(row, 8)? {
+            outcomes.insert(step_id.clone(), outcome);
+        }
+        steps.push(RunStep {
+            step_id,
+            action: codec::action(action)?,
+            operation_id: codec::text_out(operation_id)?,
+        });
+    }
+    Ok(Some(RunState {
+        run: RunRecord {
+            run_id: codec::run_id(run_id.as_str())?,
+            agent: codec::agent_id(agent)?,
+            sop_hash: codec::digest_out(sop_hash, "a sop hash")?,
+            sop: codec::json_out(sop)?,
+            steps,
+            policy_version: codec::text_out(policy_version)?,
+            created_at: Timestamp(created_at),
+            envelope_id: envelope.map(codec::envelope_id).transpose()?,
+        },
+        outcomes,
+    }))
 }
 
 impl Store for PgStore {
@@ -735,7 +814,7 @@ impl Store for PgStore {
             )
             .await?;
         if inserted == 0 {
-            return Err(StoreError::Duplicate(agent.id.to_string()));
+            return Err(StoreError::duplicate(Entity::Agent, &agent.id));
         }
         let change = ChangeRec {
             kind: ChangeKind::AgentInserted,
@@ -769,7 +848,7 @@ impl Store for PgStore {
         }
         if let Some(missing) = names.iter().find(|n| !updated.contains(**n)) {
             // Dropping `tx` rolls back the agents that were found.
-            return Err(not_found(missing));
+            return Err(not_found(Entity::Agent, missing));
         }
         let mut changed: Vec<String> = names.iter().map(|s| s.to_string()).collect();
         if status == AgentStatus::Revoked {
@@ -809,7 +888,7 @@ impl Store for PgStore {
             .execute(sql::SET_CAPABILITIES, &[&id.as_str(), &capabilities])
             .await?;
         if updated == 0 {
-            return Err(not_found(&id));
+            return Err(not_found(Entity::Agent, &id));
         }
         let change = ChangeRec {
             kind: ChangeKind::AgentCapabilities,
@@ -843,7 +922,7 @@ impl Store for PgStore {
             )
             .await?;
         if inserted == 0 {
-            return Err(StoreError::Duplicate(token.token_id));
+            return Err(StoreError::duplicate(Entity::Token, token.token_id));
         }
         let change = ChangeRec {
             kind: ChangeKind::TokenInserted,
@@ -911,12 +990,13 @@ impl Store for PgStore {
         &self,
         put: Put,
         now: Timestamp,
+        quota: StorageQuota,
         audit: AuditFn<PutOutcome>,
     ) -> Result<PutOutcome, StoreError> {
         let mut conn = self.inner.pool.get().await?;
         for _ in 0..PUT_ATTEMPTS {
             let mut tx = conn.begin().await?;
-            let Some(outcome) = Self::put_in(&mut tx, &put, now).await? else {
+            let Some(outcome) = Self::put_in(&mut tx, &put, now, quota).await? else {
                 // Lost a race before deciding: roll back and decide again.
                 drop(tx);
                 continue;
@@ -925,7 +1005,7 @@ impl Store for PgStore {
             tx.finish(drafts, None, &self.inner.channel).await?;
             return Ok(outcome);
         }
-        Err(StoreError::Backend(format!(
+        Err(StoreError::backend(format!(
             "the write to `{}.{}` lost {PUT_ATTEMPTS} races with concurrent writers",
             put.namespace, put.key
         )))
@@ -977,17 +1057,8 @@ impl Store for PgStore {
     }
 
     async fn owner_usage(&self, owner: AgentId) -> Result<Usage, StoreError> {
-        let rows = self
-            .read(sql::OWNER_USAGE, &[&owner.as_str()], |row| {
-                let records: i64 = row.try_get(0).map_err(crate::error::column)?;
-                let bytes: i64 = row.try_get(1).map_err(crate::error::column)?;
-                Ok(Usage {
-                    records: u64_out(records, "record count")?,
-                    bytes: u64_out(bytes, "byte count")?,
-                })
-            })
-            .await?;
-        Ok(rows.into_iter().next().unwrap_or_default())
+        let mut conn = self.inner.pool.get().await?;
+        usage_out(&conn.query(sql::OWNER_USAGE, &[&owner.as_str()]).await?)
     }
 
     async fn append_audit(&self, drafts: Vec<AuditDraft>) -> Result<ChainHead, StoreError> {
@@ -1022,7 +1093,8 @@ impl Store for PgStore {
     async fn create_run(
         &self,
         run: RunRecord,
-        audit: Vec<AuditDraft>,
+        limit: Option<RunsInFlight>,
+        audit: AuditFn<CreateRun>,
     ) -> Result<CreateRun, StoreError> {
         let sop = json_in(&run.sop)?;
         let sop_hash: &[u8] = &run.sop_hash.0;
@@ -1033,98 +1105,95 @@ impl Store for PgStore {
         let mut operation_ids = Vec::with_capacity(run.steps.len());
         for (i, step) in run.steps.iter().enumerate() {
             ords.push(
-                i32::try_from(i)
-                    .map_err(|_| StoreError::Backend("a run has too many steps".into()))?,
+                i32::try_from(i).map_err(|_| StoreError::backend("a run has too many steps"))?,
             );
             step_ids.push(step.step_id.as_str());
             actions.push(step.action.as_str());
             operation_ids.push(text_in(&step.operation_id).into_owned());
         }
         let run_id = run.run_id.as_str();
+        let agent = run.agent.as_str();
         let envelope = run.envelope_id.as_ref().map(EnvelopeId::as_str);
-        {
-            let mut conn = self.inner.pool.get().await?;
+        // A run without steps has nothing left to do.
+        let finished_at = run.steps.is_empty().then_some(run.created_at.0);
+        let mut conn = self.inner.pool.get().await?;
+        for _ in 0..PUT_ATTEMPTS {
             let mut tx = conn.begin().await?;
-            let inserted = tx
-                .execute(
-                    sql::INSERT_RUN,
-                    &[
-                        &run_id,
-                        &run.agent.as_str(),
-                        &sop_hash,
-                        &sop,
-                        &policy_version,
-                        &run.created_at.0,
-                        &envelope,
-                    ],
-                )
-                .await?;
-            if inserted == 1 {
-                tx.execute(
-                    sql::INSERT_STEPS,
-                    &[&run_id, &ords, &step_ids, &actions, &operation_ids],
-                )
-                .await?;
-                tx.finish(audit, None, &self.inner.channel).await?;
-                return Ok(CreateRun::Created);
+            if limit.is_some() {
+                // The agent's other limited creates (on any server) wait
+                // until this commits, so the count below stays exact.
+                tx.query(sql::QUOTA_LOCK, &[&QUOTA_LOCK_RUNS, &agent])
+                    .await?;
             }
+            // An existing run is returned whatever the quota.
+            let rows = tx.query(sql::GET_RUN, &[&run_id]).await?;
+            let outcome = if let Some(existing) = run_out(&run.run_id, &rows)? {
+                CreateRun::Existing(Box::new(existing))
+            } else {
+                let over = match limit {
+                    None => None,
+                    Some(l) => {
+                        let row = tx
+                            .query_opt(sql::RUNS_IN_FLIGHT, &[&agent, &l.since.0])
+                            .await?;
+                        let n: i64 = match row {
+                            Some(r) => r.try_get(0).map_err(crate::error::column)?,
+                            None => 0,
+                        };
+                        let n = u32::try_from(n).unwrap_or(u32::MAX);
+                        (n >= l.max).then_some(CreateRun::OverQuota {
+                            limit: l.max,
+                            in_flight: n,
+                        })
+                    }
+                };
+                match over {
+                    Some(over) => over,
+                    None => {
+                        let inserted = tx
+                            .execute(
+                                sql::INSERT_RUN,
+                                &[
+                                    &run_id,
+                                    &agent,
+                                    &sop_hash,
+                                    &sop,
+                                    &policy_version,
+                                    &run.created_at.0,
+                                    &envelope,
+                                    &finished_at,
+                                ],
+                            )
+                            .await?;
+                        if inserted == 0 {
+                            // A concurrent creator of this id committed
+                            // after the read above: decide again.
+                            drop(tx);
+                            continue;
+                        }
+                        tx.execute(
+                            sql::INSERT_STEPS,
+                            &[&run_id, &ords, &step_ids, &actions, &operation_ids],
+                        )
+                        .await?;
+                        CreateRun::Created
+                    }
+                }
+            };
+            let drafts = audit(&outcome);
+            tx.finish(drafts, None, &self.inner.channel).await?;
+            return Ok(outcome);
         }
-        // The run exists (a concurrent creator committed it first, or it
-        // was created before): return it as stored.
-        match self.get_run(run.run_id.clone()).await? {
-            Some(existing) => Ok(CreateRun::Existing(Box::new(existing))),
-            None => Err(StoreError::Backend(format!(
-                "run `{}` exists but could not be read",
-                run.run_id
-            ))),
-        }
+        Err(StoreError::backend(format!(
+            "the run `{}` lost {PUT_ATTEMPTS} races with concurrent creators",
+            run.run_id
+        )))
     }
 
     async fn get_run(&self, run_id: RunId) -> Result<Option<RunState>, StoreError> {
         let mut conn = self.inner.pool.get().await?;
         let rows = conn.query(sql::GET_RUN, &[&run_id.as_str()]).await?;
-        let Some(first) = rows.first() else {
-            return Ok(None);
-        };
-        let col = crate::error::column;
-        let agent: &str = first.try_get(0).map_err(col)?;
-        let sop_hash: &[u8] = first.try_get(1).map_err(col)?;
-        let sop: &str = first.try_get(2).map_err(col)?;
-        let policy_version: String = first.try_get(3).map_err(col)?;
-        let created_at: i64 = first.try_get(4).map_err(col)?;
-        let envelope: Option<&str> = first.try_get(13).map_err(col)?;
-        let mut steps = Vec::with_capacity(rows.len());
-        let mut outcomes = std::collections::BTreeMap::new();
-        for row in &rows {
-            let step_id: Option<&str> = row.try_get(5).map_err(col)?;
-            let Some(step_id) = step_id else {
-                continue;
-            };
-            let step_id = codec::step_id(step_id)?;
-            let action: &str = row.try_get(6).map_err(col)?;
-            let operation_id: String = row.try_get(7).map_err(col)?;
-            if let Some(outcome) = codec::outcome_out(row, 8)? {
-                outcomes.insert(step_id.clone(), outcome);
-            }
-            steps.push(RunStep {
-                step_id,
-                action: codec::action(action)?,
-                operation_id: codec::text_out(operation_id)?,
-            });
-        }
-        Ok(Some(RunState {
-            run: RunRecord {
-                run_id: codec::run_id(run_id.as_str())?,
-                agent: codec::agent_id(agent)?,
-                sop_hash: codec::digest_out(sop_hash, "a sop hash")?,
-                sop: codec::json_out(sop)?,
-                steps,
-                policy_version: codec::text_out(policy_version)?,
-                created_at: Timestamp(created_at),
-                envelope_id: envelope.map(codec::envelope_id).transpose()?,
-            },
-            outcomes,
-        }))
+        run_out(&run_id, &rows)
     }
 
     async fn record_step(
@@ -1141,6 +1210,9 @@ impl Store for PgStore {
         let (run, step) = (run_id.as_str(), step_id.as_str());
         let mut conn = self.inner.pool.get().await?;
         let mut tx = conn.begin().await?;
+        // One recording per run at a time, so the one that records the last
+        // outcome sees every other and marks the run finished.
+        tx.query(sql::LOCK_RUN, &[&run]).await?;
         // Exactly once: only a step with no outcome yet is updated.
         let updated = tx
             .execute(
@@ -1157,19 +1229,21 @@ impl Store for PgStore {
             )
             .await?;
         if updated == 1 {
+            tx.execute(sql::FINISH_RUN, &[&run, &outcome.recorded_at.0, &status])
+                .await?;
             tx.finish(audit, None, &self.inner.channel).await?;
             return Ok(RecordStep::Recorded);
         }
         let Some(row) = tx.query_opt(sql::STEP_OUTCOME, &[&run, &step]).await? else {
             return Err(if tx.query_opt(sql::RUN_EXISTS, &[&run]).await?.is_none() {
-                not_found(&run_id)
+                not_found(Entity::Run, &run_id)
             } else {
-                not_found(format!("{run_id}/{step_id}"))
+                not_found(Entity::Step, format!("{run_id}/{step_id}"))
             });
         };
         match codec::outcome_out(&row, 0)? {
             Some(first) => Ok(RecordStep::AlreadyRecorded(first)),
-            None => Err(StoreError::Backend(format!(
+            None => Err(StoreError::backend(format!(
                 "step `{run_id}/{step_id}` could not be recorded"
             ))),
         }
@@ -1306,7 +1380,10 @@ impl Store for PgStore {
                 .await?
                 .is_some()
             {
-                return Err(StoreError::Duplicate(escalation.escalation_id));
+                return Err(StoreError::duplicate(
+                    Entity::Escalation,
+                    escalation.escalation_id,
+                ));
             } else {
                 match tx.query_opt(sql::OPEN_ESCALATION, &[&target]).await? {
                     Some(row) => PutEscalation::Existing(Box::new(codec::escalation_out(&row)?)),
@@ -1322,7 +1399,7 @@ impl Store for PgStore {
             tx.finish(drafts, None, &self.inner.channel).await?;
             return Ok(outcome);
         }
-        Err(StoreError::Backend(format!(
+        Err(StoreError::backend(format!(
             "the escalation `{}` lost {PUT_ATTEMPTS} races with concurrent writers",
             escalation.escalation_id
         )))

@@ -120,7 +120,7 @@ pub async fn read_audit_head(url: &str) -> Result<HeadAnchor, StoreError> {
         .await?
         .into_iter()
         .next()
-        .ok_or_else(|| StoreError::Corrupt("the audit head row is missing".into()))?;
+        .ok_or_else(|| StoreError::corrupt("the audit head row is missing"))?;
     Ok(HeadAnchor::of(&crate::store::head_out(&row)?))
 }
 
@@ -146,7 +146,7 @@ async fn verify_on(
         .await?
         .ok_or_else(|| VerifyError::HeadMissing("the audit_head row is missing".into()))?;
     let recorded = crate::store::head_out(&head).map_err(|e| match e {
-        StoreError::Corrupt(m) => VerifyError::HeadMissing(m),
+        e @ StoreError::Corrupt { .. } => VerifyError::HeadMissing(e.to_string()),
         other => VerifyError::Store(other),
     })?;
     let mut checker = AuditChecker::new(recorded, anchor);

@@ -279,14 +279,20 @@ pub async fn ensure_operator_token<S: Store>(
                     Ok(()) => {}
                     // Another server sharing the database, starting at the
                     // same time with the same token, stored it first.
-                    Err(StoreError::Duplicate(_)) => {
+                    Err(StoreError::Duplicate { .. }) => {
                         match state.engine().store().find_token(hash).await? {
                             Some(t) if t.subject != TokenSubject::Operator => {
                                 return Err(OperatorTokenError::NotOperator);
                             }
                             Some(t) if t.revoked => return Err(OperatorTokenError::Revoked),
                             Some(_) => {}
-                            None => return Err(StoreError::Duplicate(token.token_id).into()),
+                            None => {
+                                return Err(StoreError::duplicate(
+                                    warden_store::Entity::Token,
+                                    token.token_id,
+                                )
+                                .into());
+                            }
                         }
                     }
                     Err(e) => return Err(e.into()),
@@ -303,7 +309,7 @@ pub async fn ensure_operator_token<S: Store>(
     {
         Ok(()) => Ok(OperatorTokenSource::Generated(token.secret)),
         // The fixed id is taken: an operator token was generated before.
-        Err(StoreError::Duplicate(_)) => Ok(OperatorTokenSource::Existing),
+        Err(StoreError::Duplicate { .. }) => Ok(OperatorTokenSource::Existing),
         Err(e) => Err(e.into()),
     }
 }

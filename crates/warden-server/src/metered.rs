@@ -15,8 +15,8 @@ use warden_core::time::Timestamp;
 use warden_store::{
     AuditFn, CreateRun, Delete, DeleteOutcome, EscalationRecord, EscalationResolution,
     EscalationStatus, EscalationTarget, PutEnvelope, PutEscalation, PutOutcome, RecordStep,
-    ResolveEscalation, RunRecord, RunState, StepOutcome, Store, StoreError, StoredAgent,
-    TokenRecord, Usage,
+    ResolveEscalation, RunRecord, RunState, RunsInFlight, StepOutcome, StorageQuota, Store,
+    StoreError, StoredAgent, TokenRecord, Usage,
 };
 
 use crate::metrics::Metrics;
@@ -137,10 +137,11 @@ impl<S: Store> Store for Metered<S> {
         &self,
         put: Put,
         now: Timestamp,
+        quota: StorageQuota,
         audit: AuditFn<PutOutcome>,
     ) -> Result<PutOutcome, StoreError> {
         let audit = self.counted(audit);
-        self.inner.put_record(put, now, audit).await
+        self.inner.put_record(put, now, quota, audit).await
     }
 
     async fn delete_record(
@@ -172,13 +173,11 @@ impl<S: Store> Store for Metered<S> {
     async fn create_run(
         &self,
         run: RunRecord,
-        audit: Vec<AuditDraft>,
+        limit: Option<RunsInFlight>,
+        audit: AuditFn<CreateRun>,
     ) -> Result<CreateRun, StoreError> {
-        let r = self.inner.create_run(run, audit.clone()).await;
-        if matches!(r, Ok(CreateRun::Created)) {
-            self.metrics.observe_drafts(&audit);
-        }
-        r
+        let audit = self.counted(audit);
+        self.inner.create_run(run, limit, audit).await
     }
 
     async fn get_run(&self, run_id: RunId) -> Result<Option<RunState>, StoreError> {

@@ -70,6 +70,7 @@ impl Writer {
                 .put_record(
                     put(&owner, &key, json!(0), Some(0)),
                     Timestamp(0),
+                    warden_store::StorageQuota::default(),
                     put_audit(&owner, &key, 0),
                 )
                 .await
@@ -97,6 +98,7 @@ impl Writer {
                     Some(*revision),
                 ),
                 Timestamp(*revision as i64),
+                warden_store::StorageQuota::default(),
                 put_audit(&self.owner, key, *revision),
             )
             .await
@@ -230,6 +232,7 @@ fn get_records(c: &mut Criterion) {
                 .put_record(
                     put(&owner, "other", json!(o), None),
                     Timestamp(0),
+                    warden_store::StorageQuota::default(),
                     put_audit(&owner, "x", 0),
                 )
                 .await
@@ -239,6 +242,7 @@ fn get_records(c: &mut Criterion) {
             .put_record(
                 put("agent-0", "region", json!("EU"), None),
                 Timestamp(0),
+                warden_store::StorageQuota::default(),
                 put_audit("agent-0", "x", 0),
             )
             .await

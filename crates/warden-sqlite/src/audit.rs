@@ -41,7 +41,7 @@ pub(crate) fn read_head(conn: &Connection) -> Result<ChainHead, StoreError> {
 
 fn reader_for_url(url: &str) -> Result<Connection, StoreError> {
     let options = SqliteOptions::from_url(url)
-        .map_err(|e| StoreError::Backend(format!("invalid database url: {e}")))?;
+        .map_err(|e| StoreError::backend(format!("invalid database url: {e}")))?;
     schema::open_reader(&options.path)
 }
 

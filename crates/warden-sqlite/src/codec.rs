@@ -24,7 +24,7 @@ use crate::error::corrupt;
 
 /// A sequence number as SQLite's signed integer.
 pub(crate) fn seq_to_sql(n: u64) -> Result<i64, StoreError> {
-    i64::try_from(n).map_err(|_| StoreError::Backend(format!("sequence number {n} is too large")))
+    i64::try_from(n).map_err(|_| StoreError::backend(format!("sequence number {n} is too large")))
 }
 
 /// A revision, count or sequence number read back.
@@ -37,9 +37,9 @@ pub(crate) fn to_u64(what: impl Display, n: i64) -> Result<u64, StoreError> {
 /// values are equal text.
 pub(crate) fn canonical_text<T: serde::Serialize + ?Sized>(v: &T) -> Result<String, StoreError> {
     let value = serde_json::to_value(v)
-        .map_err(|e| StoreError::Backend(format!("cannot encode json: {e}")))?;
+        .map_err(|e| StoreError::backend(format!("cannot encode json: {e}")))?;
     String::from_utf8(to_canonical(&value))
-        .map_err(|e| StoreError::Backend(format!("canonical json is not utf-8: {e}")))
+        .map_err(|e| StoreError::backend(format!("canonical json is not utf-8: {e}")))
 }
 
 /// An optional envelope id column.
@@ -54,7 +54,7 @@ pub(crate) fn envelope_id_col(
 
 /// JSON text of a value.
 pub(crate) fn json_text<T: serde::Serialize + ?Sized>(v: &T) -> Result<String, StoreError> {
-    serde_json::to_string(v).map_err(|e| StoreError::Backend(format!("cannot encode json: {e}")))
+    serde_json::to_string(v).map_err(|e| StoreError::backend(format!("cannot encode json: {e}")))
 }
 
 fn parse_json<T: DeserializeOwned>(what: &impl Display, text: &str) -> Result<T, StoreError> {
@@ -250,7 +250,7 @@ pub(crate) struct BadEntry {
 
 impl From<BadEntry> for StoreError {
     fn from(b: BadEntry) -> Self {
-        StoreError::Corrupt(format!("audit entry {}: {}", b.seq, b.reason))
+        StoreError::corrupt(format!("audit entry {}: {}", b.seq, b.reason))
     }
 }
 

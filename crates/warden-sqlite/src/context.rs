@@ -14,12 +14,12 @@ use warden_core::decision::Subject;
 use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::time::Timestamp;
 use warden_store::{
-    EscalationRecord, EscalationResolution, EscalationStatus, EscalationTarget, PutEnvelope,
-    PutEscalation, ResolveEscalation, StoreError,
+    Entity, EscalationRecord, EscalationResolution, EscalationStatus, EscalationTarget,
+    PutEnvelope, PutEscalation, ResolveEscalation, StoreError,
 };
 
 use crate::codec::{self, canonical_text};
-use crate::error::{SqlResultExt, corrupt, is_unique_violation};
+use crate::error::{SqlResultExt, corrupt, duplicate_or};
 
 // ----- envelopes -----
 
@@ -55,7 +55,7 @@ pub(crate) fn put_envelope_in(
         Some(Err(_)) => return conflict(conn),
     };
     let version = i64::try_from(record.version).map_err(|_| {
-        StoreError::Backend(format!(
+        StoreError::backend(format!(
             "envelope `{}`: version {} is too large to store",
             record.envelope_id, record.version
         ))
@@ -229,7 +229,7 @@ pub(crate) fn put_escalation_in(
         .store()?
         .is_some();
     if taken {
-        return Err(StoreError::Duplicate(id.to_owned()));
+        return Err(StoreError::duplicate(Entity::Escalation, id));
     }
     let target = canonical_text(&escalation.target)?;
     if let Some(open) = open_for(conn, &target)? {
@@ -247,13 +247,7 @@ pub(crate) fn put_escalation_in(
         escalation.created_at.0,
         canonical_text(escalation)?,
     ])
-    .map_err(|e| {
-        if is_unique_violation(&e) {
-            StoreError::Duplicate(id.to_owned())
-        } else {
-            crate::error::map(e)
-        }
-    })?;
+    .map_err(|e| duplicate_or(e, Entity::Escalation, id))?;
     Ok(PutEscalation::Created)
 }
 

@@ -1,25 +1,31 @@
 //! Mapping SQLite failures onto [`StoreError`].
 
 use rusqlite::ErrorCode;
-use warden_store::StoreError;
+use warden_store::{Entity, StoreError};
 
-/// Classify a SQLite error.
+/// Classify a SQLite error by its result code; the driver error is kept as
+/// the source.
+///
+/// - `SQLITE_READONLY`, `SQLITE_PERM`: [`StoreError::ReadOnly`];
+/// - `SQLITE_NOTADB`, `SQLITE_CORRUPT`: [`StoreError::Corrupt`];
+/// - `SQLITE_FULL` (disk full), `SQLITE_BUSY` and `SQLITE_LOCKED` (another
+///   writer held the lock beyond the busy timeout): [`StoreError::Unavailable`];
+/// - anything else: [`StoreError::Backend`].
 pub(crate) fn map(e: rusqlite::Error) -> StoreError {
-    match &e {
-        rusqlite::Error::SqliteFailure(f, _) => match f.code {
-            ErrorCode::ReadOnly | ErrorCode::PermissionDenied => {
-                StoreError::ReadOnly(e.to_string())
-            }
-            ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt => {
-                StoreError::Corrupt(e.to_string())
-            }
-            ErrorCode::DiskFull => StoreError::Backend(format!("disk full: {e}")),
-            ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => {
-                StoreError::Backend(format!("database is locked: {e}"))
-            }
-            _ => StoreError::Backend(e.to_string()),
+    let code = match &e {
+        rusqlite::Error::SqliteFailure(f, _) => Some(f.code),
+        _ => None,
+    };
+    match code {
+        Some(ErrorCode::ReadOnly | ErrorCode::PermissionDenied) => StoreError::read_only(e),
+        Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => StoreError::Corrupt {
+            detail: format!("sqlite: {e}"),
+            source: Some(Box::new(e)),
         },
-        _ => StoreError::Backend(e.to_string()),
+        Some(ErrorCode::DiskFull | ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
+            StoreError::unavailable(e)
+        }
+        _ => StoreError::backend(e),
     }
 }
 
@@ -34,9 +40,19 @@ pub(crate) fn is_unique_violation(e: &rusqlite::Error) -> bool {
     )
 }
 
+/// A uniqueness violation as `Duplicate` of `entity` with `id`, anything
+/// else classified by [`map`].
+pub(crate) fn duplicate_or(e: rusqlite::Error, entity: Entity, id: &str) -> StoreError {
+    if is_unique_violation(&e) {
+        StoreError::duplicate(entity, id)
+    } else {
+        map(e)
+    }
+}
+
 /// A stored value that does not decode: the file was edited or damaged.
 pub(crate) fn corrupt(what: impl std::fmt::Display, why: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(format!("{what}: {why}"))
+    StoreError::corrupt(format!("{what}: {why}"))
 }
 
 /// Shorthand used by every query.
@@ -48,5 +64,68 @@ pub(crate) trait SqlResultExt<T> {
 impl<T> SqlResultExt<T> for Result<T, rusqlite::Error> {
     fn store(self) -> Result<T, StoreError> {
         self.map_err(map)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(code: std::ffi::c_int) -> rusqlite::Error {
+        rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None)
+    }
+
+    #[test]
+    fn result_codes_are_classified() {
+        use rusqlite::ffi;
+        assert!(matches!(
+            map(failure(ffi::SQLITE_BUSY)),
+            StoreError::Unavailable { .. }
+        ));
+        assert!(matches!(
+            map(failure(ffi::SQLITE_LOCKED)),
+            StoreError::Unavailable { .. }
+        ));
+        assert!(matches!(
+            map(failure(ffi::SQLITE_FULL)),
+            StoreError::Unavailable { .. }
+        ));
+        assert!(matches!(
+            map(failure(ffi::SQLITE_READONLY)),
+            StoreError::ReadOnly { .. }
+        ));
+        assert!(matches!(
+            map(failure(ffi::SQLITE_PERM)),
+            StoreError::ReadOnly { .. }
+        ));
+        assert!(matches!(
+            map(failure(ffi::SQLITE_NOTADB)),
+            StoreError::Corrupt { .. }
+        ));
+        assert!(matches!(
+            map(failure(ffi::SQLITE_CORRUPT)),
+            StoreError::Corrupt { .. }
+        ));
+        assert!(matches!(
+            map(failure(ffi::SQLITE_ERROR)),
+            StoreError::Backend { .. }
+        ));
+        let e = map(failure(ffi::SQLITE_BUSY));
+        assert!(
+            std::error::Error::source(&e).is_some(),
+            "the driver error is the source"
+        );
+    }
+
+    #[test]
+    fn unique_violations_are_duplicates() {
+        let e = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE),
+            None,
+        );
+        assert!(matches!(
+            duplicate_or(e, Entity::Agent, "a"),
+            StoreError::Duplicate { entity: Entity::Agent, ref id } if id == "a"
+        ));
     }
 }

@@ -20,7 +20,7 @@
 //! `StoreError::SchemaTooNew`; a file or directory that cannot be written is
 //! `StoreError::ReadOnly`. In each case the file is left exactly as it was.
 //!
-//! ## Schema (version 2)
+//! ## Schema (version 3)
 //!
 //! All tables are `STRICT` (SQLite checks every column's type); JSON is
 //! stored as text.
@@ -33,7 +33,7 @@
 //! | `memory` | key `(owner, namespace, key)`; `value`, `visibility`, `class` with `combine` / `grants` / `expires_at`, `revision`, `created_at`, `updated_at` |
 //! | `audit` | the hash chain, below |
 //! | `audit_head` | one row: the chain's last `seq` and `hash` |
-//! | `runs` | `run_id` (the idempotency key), `agent`, `sop_hash`, `sop`, `policy_version`, `created_at`, `envelope_id` (v2) |
+//! | `runs` | `run_id` (the idempotency key), `agent`, `sop_hash`, `sop`, `policy_version`, `created_at`, `envelope_id` (v2), `finished_at` (v3, with a partial index on unfinished runs per agent) |
 //! | `run_steps` | per run and step: `position`, `action`, `operation_id`, and once recorded `status`, `result`, `error`, `labels`, `recorded_at` |
 //! | `envelopes` (v2) | every version of every context envelope: key `(envelope_id, version)`, `record` (the `EnvelopeRecord` as canonical JSON), plus `parent_envelope_id`, `workflow_id`, `agent_id` |
 //! | `escalations` (v2) | the escalation queue in creation order (`pos`): `escalation_id` (unique), `target` (canonical JSON), `status`, `created_at`, `record` (the `EscalationRecord` as canonical JSON) |
@@ -41,7 +41,16 @@
 //! Version 2 (context envelopes) adds the two `envelope_id` columns (`NULL`
 //! for rows written at version 1, read as "no envelope") and the last two
 //! tables; a version 1 file is migrated in place when first opened for
-//! writing, its rows untouched.
+//! writing, its rows untouched. Version 3 (runs in flight) adds
+//! `runs.finished_at`, set in the transaction that records the step which
+//! finishes a run; the migration marks the runs already finished.
+//!
+//! ## Quotas
+//!
+//! `put_record` with a `StorageQuota` reads the owner's usage in the
+//! writer's transaction, and `create_run` with a `RunsInFlight` limit
+//! counts the agent's unfinished runs there: the writer serialises every
+//! write, so both limits are exact, also for two stores on one file.
 //!
 //! ## Writing: one writer thread, group commit
 //!

@@ -337,3 +337,115 @@ async fn a_v1_database_migrates_and_keeps_its_data() {
     let report = store.verify_audit(None).await.unwrap();
     assert_eq!(report.verified.count, 5);
 }
+
+/// A version 2 database (before runs in flight were stored) migrates to
+/// version 3: runs already finished are marked, the others count.
+#[tokio::test]
+async fn a_v2_database_marks_its_finished_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("warden.db");
+    {
+        let mut conn = Connection::open(&path).unwrap();
+        conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+        migrate(&mut conn, &path, 2).unwrap();
+        let tx = conn.transaction().unwrap();
+        // (run, [(step, status)]): open, every step completed, failed half
+        // way, denied, and one without steps.
+        type Steps<'a> = &'a [(&'a str, Option<&'a str>)];
+        let runs: [(&str, Steps<'_>); 5] = [
+            ("open", &[("a", Some("completed")), ("b", None)]),
+            (
+                "done",
+                &[("a", Some("completed")), ("b", Some("completed"))],
+            ),
+            ("failed", &[("a", Some("failed")), ("b", None)]),
+            ("denied", &[("a", Some("denied"))]),
+            ("empty", &[]),
+        ];
+        for (run, steps) in runs {
+            tx.execute(
+                "INSERT INTO runs (run_id, agent, sop_hash, sop, policy_version, created_at) \
+                 VALUES (?1, 'kid', ?2, '{}', 'p1', 7)",
+                params![run, Digest::of(b"sop").0],
+            )
+            .unwrap();
+            for (i, (step, status)) in steps.iter().enumerate() {
+                tx.execute(
+                    "INSERT INTO run_steps (run_id, position, step_id, action, operation_id, \
+                     status, labels, recorded_at) VALUES (?1, ?2, ?3, 'artifact.save', ?3, ?4, \
+                     CASE WHEN ?4 IS NULL THEN NULL ELSE '[]' END, \
+                     CASE WHEN ?4 IS NULL THEN NULL ELSE 10 + ?2 END)",
+                    params![run, i64::try_from(i).unwrap(), step, status],
+                )
+                .unwrap();
+            }
+        }
+        tx.commit().unwrap();
+    }
+    let store = SqliteStore::open_with(SqliteOptions::new(path.clone()))
+        .await
+        .unwrap();
+    {
+        let conn = Connection::open(&path).unwrap();
+        let version: i64 = conn
+            .query_row("SELECT schema_version FROM meta", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        let finished: Vec<(String, Option<i64>)> = conn
+            .prepare("SELECT run_id, finished_at FROM runs ORDER BY run_id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let expected: Vec<(String, Option<i64>)> = vec![
+            ("denied".into(), Some(10)),
+            ("done".into(), Some(11)),
+            ("empty".into(), Some(7)),
+            ("failed".into(), Some(10)),
+            ("open".into(), None),
+        ];
+        assert_eq!(finished, expected);
+    }
+    // Only `open` is in flight for `kid`.
+    let run = |id: &str| RunRecord {
+        run_id: RunId::parse(id).unwrap(),
+        agent: agent_id("kid"),
+        sop_hash: Digest::of(b"sop"),
+        sop: json!({}),
+        steps: vec![step("a")],
+        policy_version: "p1".into(),
+        created_at: Timestamp(20),
+        envelope_id: None,
+    };
+    let limit = |max| {
+        Some(warden_store::RunsInFlight {
+            max,
+            since: Timestamp(0),
+        })
+    };
+    let o = store
+        .create_run(
+            run("new-1"),
+            limit(1),
+            warden_store::audit_if_created(vec![]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        o,
+        warden_store::CreateRun::OverQuota {
+            limit: 1,
+            in_flight: 1
+        }
+    );
+    let o = store
+        .create_run(
+            run("new-1"),
+            limit(2),
+            warden_store::audit_if_created(vec![]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(o, warden_store::CreateRun::Created);
+}

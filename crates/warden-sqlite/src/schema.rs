@@ -11,13 +11,13 @@ use std::path::Path;
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
-use warden_store::StoreError;
+use warden_store::{Entity, StoreError};
 
 use crate::error::SqlResultExt;
 use crate::options::{OpenMode, SqliteOptions};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// `PRAGMA application_id` of a Warden database: ASCII `WRDN`. It marks the
 /// file as Warden's before any table is read (`file(1)` shows it too).
@@ -28,7 +28,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
 /// Each runs in the transaction that records its version; append only.
-const MIGRATIONS: &[&str] = &[V1, V2];
+const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 const V1: &str = r#"
 CREATE TABLE meta (
@@ -196,6 +196,22 @@ CREATE TRIGGER escalations_no_delete BEFORE DELETE ON escalations
 BEGIN SELECT RAISE(ABORT, 'escalations are kept'); END;
 "#;
 
+/// Runs in flight: when a run finished, so `create_run` can count the
+/// agent's unfinished runs in its transaction.
+const V3: &str = r#"
+-- Set once, in the transaction that records the step which finishes the
+-- run: a step that did not complete, or the last step without an outcome.
+ALTER TABLE runs ADD COLUMN finished_at INTEGER;
+UPDATE runs SET finished_at = coalesce(
+    (SELECT max(recorded_at) FROM run_steps s WHERE s.run_id = runs.run_id),
+    created_at)
+WHERE EXISTS (SELECT 1 FROM run_steps s
+              WHERE s.run_id = runs.run_id AND s.status IN ('failed', 'denied'))
+   OR NOT EXISTS (SELECT 1 FROM run_steps s
+                  WHERE s.run_id = runs.run_id AND s.status IS NULL);
+CREATE INDEX runs_in_flight ON runs (agent, created_at) WHERE finished_at IS NULL;
+"#;
+
 /// What a file holds, found by reading only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Found {
@@ -221,15 +237,15 @@ fn inspect(conn: &Connection, path: &Path) -> Result<Found, StoreError> {
     // The first read parses the header: random bytes fail here.
     let app_id: i32 = conn
         .pragma_query_value(None, "application_id", |r| r.get(0))
-        .map_err(|e| StoreError::Corrupt(format!("`{p}` is not a sqlite database: {e}")))?;
+        .map_err(|e| StoreError::corrupt(format!("`{p}` is not a sqlite database: {e}")))?;
     let tables: i64 = conn
         .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
-        .map_err(|e| StoreError::Corrupt(format!("`{p}` is not a sqlite database: {e}")))?;
+        .map_err(|e| StoreError::corrupt(format!("`{p}` is not a sqlite database: {e}")))?;
     if app_id == 0 && tables == 0 {
         return Ok(Found::Fresh);
     }
     if app_id != APPLICATION_ID {
-        return Err(StoreError::Corrupt(format!(
+        return Err(StoreError::corrupt(format!(
             "`{p}` is a sqlite database of another application (application id {app_id:#x}, {tables} schema objects), not a warden database"
         )));
     }
@@ -238,10 +254,10 @@ fn inspect(conn: &Connection, path: &Path) -> Result<Found, StoreError> {
             r.get(0)
         })
         .optional()
-        .map_err(|e| StoreError::Corrupt(format!("`{p}` has no readable schema version: {e}")))?;
+        .map_err(|e| StoreError::corrupt(format!("`{p}` has no readable schema version: {e}")))?;
     match version {
         Some(v) if v >= 1 => Ok(Found::Warden(v)),
-        _ => Err(StoreError::Corrupt(format!(
+        _ => Err(StoreError::corrupt(format!(
             "`{p}` is marked as a warden database but has no schema version"
         ))),
     }
@@ -255,11 +271,11 @@ fn require_current(found: Found, path: &Path) -> Result<(), StoreError> {
             found: v,
             supported: SCHEMA_VERSION,
         }),
-        Found::Warden(v) => Err(StoreError::ReadOnly(format!(
+        Found::Warden(v) => Err(StoreError::read_only(format!(
             "`{}` is at schema version {v} and needs migrating to {SCHEMA_VERSION}, which a read-only open cannot do",
             display(path)
         ))),
-        Found::Fresh => Err(StoreError::ReadOnly(format!(
+        Found::Fresh => Err(StoreError::read_only(format!(
             "`{}` is not initialised, which a read-only open cannot do",
             display(path)
         ))),
@@ -269,20 +285,20 @@ fn require_current(found: Found, path: &Path) -> Result<(), StoreError> {
 fn open_failed(path: &Path, e: rusqlite::Error) -> StoreError {
     let p = display(path);
     match crate::error::map(e) {
-        StoreError::Backend(m) => {
+        StoreError::Backend { source: m } => {
             let dir = path
                 .parent()
                 .filter(|d| !d.as_os_str().is_empty())
                 .unwrap_or(Path::new("."));
             if path.is_dir() {
-                StoreError::Backend(format!("cannot open `{p}`: it is a directory"))
+                StoreError::backend(format!("cannot open `{p}`: it is a directory"))
             } else if !dir.is_dir() {
-                StoreError::Backend(format!(
+                StoreError::backend(format!(
                     "cannot open `{p}`: directory `{}` does not exist",
                     dir.display()
                 ))
             } else {
-                StoreError::ReadOnly(format!("cannot open or create `{p}`: {m}"))
+                StoreError::read_only(format!("cannot open or create `{p}`: {m}"))
             }
         }
         other => other,
@@ -293,7 +309,7 @@ fn open_failed(path: &Path, e: rusqlite::Error) -> StoreError {
 /// schema version. Never writes the file.
 pub(crate) fn open_reader(path: &Path) -> Result<Connection, StoreError> {
     if !path.exists() {
-        return Err(StoreError::NotFound(display(path)));
+        return Err(StoreError::not_found(Entity::Database, display(path)));
     }
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags).map_err(|e| open_failed(path, e))?;
@@ -322,7 +338,7 @@ pub(crate) fn open_writer(options: &SqliteOptions) -> Result<Option<Connection>,
     }
     let exists = path.exists();
     if !exists && options.mode == OpenMode::ReadWrite {
-        return Err(StoreError::NotFound(p));
+        return Err(StoreError::not_found(Entity::Database, p));
     }
     let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     if options.mode == OpenMode::ReadWriteCreate {
@@ -341,7 +357,7 @@ pub(crate) fn open_writer(options: &SqliteOptions) -> Result<Option<Connection>,
     }
     // SQLite silently opens a write-protected file read-only.
     if conn.is_readonly(rusqlite::MAIN_DB).store()? {
-        return Err(StoreError::ReadOnly(format!(
+        return Err(StoreError::read_only(format!(
             "`{p}` cannot be written (file permissions or a read-only filesystem)"
         )));
     }
@@ -350,7 +366,7 @@ pub(crate) fn open_writer(options: &SqliteOptions) -> Result<Option<Connection>,
         .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
         .map_err(|e| open_failed(path, e))?;
     if !mode.eq_ignore_ascii_case("wal") {
-        return Err(StoreError::Backend(format!(
+        return Err(StoreError::backend(format!(
             "`{p}` cannot use write-ahead logging (journal mode stays `{mode}`)"
         )));
     }
@@ -391,7 +407,7 @@ pub(crate) fn migrate(conn: &mut Connection, path: &Path, target: i64) -> Result
             .ok()
             .and_then(|i| MIGRATIONS.get(i))
         else {
-            return Err(StoreError::Backend(format!(
+            return Err(StoreError::backend(format!(
                 "no migration from schema version {current}"
             )));
         };

@@ -10,18 +10,18 @@ use warden_core::decision::Subject;
 use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::hierarchy::AgentStatus;
 use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
-use warden_core::memory::{MemoryRecord, Put, PutRejection, apply_put, check_result};
+use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 use warden_store::{
-    AuditFn, CreateRun, Delete, DeleteOutcome, EscalationRecord, EscalationResolution,
+    AuditFn, CreateRun, Delete, DeleteOutcome, Entity, EscalationRecord, EscalationResolution,
     EscalationStatus, EscalationTarget, HeadAnchor, PutEnvelope, PutEscalation, PutOutcome,
-    RecordStep, ResolveEscalation, RunRecord, RunState, StepOutcome, Store, StoreError,
-    StoredAgent, TokenRecord, Usage, VerifyError, VerifyReport,
+    RecordStep, ResolveEscalation, RunRecord, RunState, RunsInFlight, StepOutcome, StorageQuota,
+    Store, StoreError, StoredAgent, TokenRecord, Usage, VerifyError, VerifyReport, decide_put,
 };
 
 use crate::codec::{self, seq_to_sql};
 use crate::context;
-use crate::error::{SqlResultExt, is_unique_violation};
+use crate::error::{SqlResultExt, duplicate_or};
 use crate::options::SqliteOptions;
 use crate::schema;
 use crate::writer::{Tx, Writer};
@@ -84,7 +84,7 @@ where
         Ok(handle) => handle
             .spawn_blocking(f)
             .await
-            .map_err(|e| StoreError::Backend(format!("a sqlite read task failed: {e}")))?,
+            .map_err(|e| StoreError::backend(format!("a sqlite read task failed: {e}")))?,
         Err(_) => f(),
     }
 }
@@ -94,7 +94,7 @@ impl SqliteStore {
     /// by a `sqlite://` URL; see [`SqliteOptions::from_url`].
     pub async fn open(url: &str) -> Result<Self, StoreError> {
         let options = SqliteOptions::from_url(url)
-            .map_err(|e| StoreError::Backend(format!("invalid database url: {e}")))?;
+            .map_err(|e| StoreError::backend(format!("invalid database url: {e}")))?;
         Self::open_with(options).await
     }
 
@@ -111,7 +111,7 @@ impl SqliteStore {
                 .prefix("warden-sqlite-")
                 .tempdir()
                 .map_err(|e| {
-                    StoreError::Backend(format!("cannot create a temporary directory: {e}"))
+                    StoreError::backend(format!("cannot create a temporary directory: {e}"))
                 })?;
             let options = SqliteOptions::new(dir.path().join("warden.db"));
             Self::open_blocking(options, Some(dir))
@@ -212,7 +212,7 @@ impl SqliteStore {
     {
         match &self.writer {
             Some(w) => w.call(f).await,
-            None => Err(StoreError::ReadOnly(format!(
+            None => Err(StoreError::read_only(format!(
                 "`{}` was opened read-only",
                 self.options.path.display()
             ))),
@@ -302,21 +302,38 @@ fn write_record(
     Ok(changed == 1)
 }
 
-fn put_in(tx: &mut Tx<'_>, put: Put, now: Timestamp) -> Result<PutOutcome, StoreError> {
+/// What `owner` holds, read in the caller's transaction.
+fn usage_in(conn: &Connection, owner: &AgentId) -> Result<Usage, StoreError> {
+    let (records, bytes): (i64, i64) = conn
+        .prepare_cached(
+            "SELECT count(*), coalesce(sum(length(CAST(value AS BLOB))), 0) \
+             FROM memory WHERE owner = ?1",
+        )
+        .store()?
+        .query_row([owner.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
+        .store()?;
+    Ok(Usage {
+        records: codec::to_u64("usage", records)?,
+        bytes: codec::to_u64("usage", bytes)?,
+    })
+}
+
+/// Decide and make a put in the writer's transaction: the current row and
+/// the owner's usage are read under the write lock, so the quota is exact.
+fn put_in(
+    tx: &mut Tx<'_>,
+    put: Put,
+    now: Timestamp,
+    quota: StorageQuota,
+) -> Result<PutOutcome, StoreError> {
     let conn = tx.conn();
     let current = select_record(conn, &put.owner, &put.namespace, &put.key)?;
-    let mut outcome = match apply_put(current.as_ref(), &put, now) {
-        Err(PutRejection::Conflict { current }) => PutOutcome::Conflict { current },
-        Ok(record) => match check_result(&record) {
-            Err(reason) => PutOutcome::Rejected {
-                reason: reason.to_string(),
-            },
-            Ok(()) => PutOutcome::Written {
-                created: record.revision == 1,
-                record,
-            },
-        },
+    let usage = if quota.is_unlimited() {
+        Usage::default()
+    } else {
+        usage_in(conn, &put.owner)?
     };
+    let mut outcome = decide_put(current.as_ref(), &put, now, quota, usage);
     if let PutOutcome::Written { record, .. } = &outcome {
         let expected = current.as_ref().map(|c| c.revision);
         if !write_record(conn, record, expected)? {
@@ -419,34 +436,52 @@ fn load_run(conn: &Connection, run_id: &RunId) -> Result<Option<RunState>, Store
 fn create_run_in(
     tx: &mut Tx<'_>,
     run: RunRecord,
-    audit: Vec<AuditDraft>,
+    limit: Option<RunsInFlight>,
+    audit: AuditFn<CreateRun>,
 ) -> Result<CreateRun, StoreError> {
     let conn = tx.conn();
-    let inserted = conn
-        .prepare_cached(
-            "INSERT INTO runs (run_id, agent, sop_hash, sop, policy_version, created_at, \
-             envelope_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (run_id) DO NOTHING",
-        )
-        .store()?
-        .execute(params![
-            run.run_id.as_str(),
-            run.agent.as_str(),
-            run.sop_hash.0,
-            codec::json_text(&run.sop)?,
-            run.policy_version,
-            run.created_at.0,
-            run.envelope_id.as_ref().map(|e| e.as_str()),
-        ])
-        .store()?;
-    if inserted == 0 {
-        return match load_run(conn, &run.run_id)? {
-            Some(existing) => Ok(CreateRun::Existing(Box::new(existing))),
-            None => Err(StoreError::Backend(format!(
-                "run `{}` exists but cannot be read",
-                run.run_id
-            ))),
-        };
+    // An existing run is returned whatever the quota.
+    if let Some(existing) = load_run(conn, &run.run_id)? {
+        let outcome = CreateRun::Existing(Box::new(existing));
+        tx.append(audit(&outcome))?;
+        return Ok(outcome);
     }
+    if let Some(limit) = limit {
+        let in_flight: i64 = conn
+            .prepare_cached(
+                "SELECT count(*) FROM runs \
+                 WHERE agent = ?1 AND finished_at IS NULL AND created_at >= ?2",
+            )
+            .store()?
+            .query_row(params![run.agent.as_str(), limit.since.0], |r| r.get(0))
+            .store()?;
+        let in_flight = u32::try_from(in_flight).unwrap_or(u32::MAX);
+        if in_flight >= limit.max {
+            let outcome = CreateRun::OverQuota {
+                limit: limit.max,
+                in_flight,
+            };
+            tx.append(audit(&outcome))?;
+            return Ok(outcome);
+        }
+    }
+    conn.prepare_cached(
+        "INSERT INTO runs (run_id, agent, sop_hash, sop, policy_version, created_at, \
+         envelope_id, finished_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )
+    .store()?
+    .execute(params![
+        run.run_id.as_str(),
+        run.agent.as_str(),
+        run.sop_hash.0,
+        codec::json_text(&run.sop)?,
+        run.policy_version,
+        run.created_at.0,
+        run.envelope_id.as_ref().map(|e| e.as_str()),
+        // A run without steps has nothing left to do.
+        run.steps.is_empty().then_some(run.created_at.0),
+    ])
+    .map_err(|e| duplicate_or(e, Entity::Run, run.run_id.as_str()))?;
     let mut stmt = conn
         .prepare_cached(
             "INSERT INTO run_steps (run_id, position, step_id, action, operation_id) \
@@ -461,16 +496,11 @@ fn create_run_in(
             step.action.as_str(),
             step.operation_id,
         ])
-        .map_err(|e| {
-            if is_unique_violation(&e) {
-                StoreError::Duplicate(format!("{}/{}", run.run_id, step.step_id))
-            } else {
-                crate::error::map(e)
-            }
-        })?;
+        .map_err(|e| duplicate_or(e, Entity::Step, &format!("{}/{}", run.run_id, step.step_id)))?;
     }
-    tx.append(audit)?;
-    Ok(CreateRun::Created)
+    let outcome = CreateRun::Created;
+    tx.append(audit(&outcome))?;
+    Ok(outcome)
 }
 
 fn record_step_in(
@@ -499,23 +529,32 @@ fn record_step_in(
         ])
         .store()?;
     if changed == 1 {
+        // The run is finished by a step that did not complete, or by the
+        // last step without an outcome.
+        conn.prepare_cached(
+            "UPDATE runs SET finished_at = ?2 WHERE run_id = ?1 AND finished_at IS NULL \
+             AND (?3 != 'completed' OR NOT EXISTS \
+               (SELECT 1 FROM run_steps WHERE run_id = ?1 AND status IS NULL))",
+        )
+        .store()?
+        .execute(params![
+            run_id.as_str(),
+            outcome.recorded_at.0,
+            codec::step_status_to_sql(outcome.status),
+        ])
+        .store()?;
         tx.append(audit)?;
         return Ok(RecordStep::Recorded);
     }
     let Some(state) = load_run(conn, &run_id)? else {
-        return Err(StoreError::NotFound(run_id.to_string()));
+        return Err(StoreError::not_found(Entity::Run, &run_id));
     };
     match state.outcomes.get(&step_id) {
         Some(first) => Ok(RecordStep::AlreadyRecorded(first.clone())),
-        None => Err(StoreError::NotFound(format!("{run_id}/{step_id}"))),
-    }
-}
-
-fn map_duplicate(e: rusqlite::Error, what: &str) -> StoreError {
-    if is_unique_violation(&e) {
-        StoreError::Duplicate(what.to_string())
-    } else {
-        crate::error::map(e)
+        None => Err(StoreError::not_found(
+            Entity::Step,
+            format!("{run_id}/{step_id}"),
+        )),
     }
 }
 
@@ -588,7 +627,7 @@ impl Store for SqliteStore {
                     agent.created_at.0,
                     agent.envelope_id.as_ref().map(|e| e.as_str()),
                 ])
-                .map_err(|e| map_duplicate(e, agent.id.as_str()))?;
+                .map_err(|e| duplicate_or(e, Entity::Agent, agent.id.as_str()))?;
             tx.append(audit)?;
             Ok(())
         })
@@ -611,7 +650,7 @@ impl Store for SqliteStore {
                     .execute(params![id.as_str(), codec::status_to_sql(status)])
                     .store()?;
                 if changed == 0 {
-                    return Err(StoreError::NotFound(id.to_string()));
+                    return Err(StoreError::not_found(Entity::Agent, id));
                 }
             }
             drop(stmt);
@@ -635,7 +674,7 @@ impl Store for SqliteStore {
                 .execute(params![id.as_str(), codec::json_text(&capabilities)?])
                 .store()?;
             if changed == 0 {
-                return Err(StoreError::NotFound(id.to_string()));
+                return Err(StoreError::not_found(Entity::Agent, id));
             }
             tx.append(audit)?;
             Ok(())
@@ -664,7 +703,7 @@ impl Store for SqliteStore {
                     token.created_at.0,
                     token.revoked,
                 ])
-                .map_err(|e| map_duplicate(e, &token.token_id))?;
+                .map_err(|e| duplicate_or(e, Entity::Token, &token.token_id))?;
             tx.append(audit)?;
             Ok(())
         })
@@ -750,10 +789,11 @@ impl Store for SqliteStore {
         &self,
         put: Put,
         now: Timestamp,
+        quota: StorageQuota,
         audit: AuditFn<PutOutcome>,
     ) -> Result<PutOutcome, StoreError> {
         self.write(move |tx| {
-            let outcome = put_in(tx, put, now)?;
+            let outcome = put_in(tx, put, now, quota)?;
             tx.append(audit(&outcome))?;
             Ok(outcome)
         })
@@ -774,21 +814,7 @@ impl Store for SqliteStore {
     }
 
     async fn owner_usage(&self, owner: AgentId) -> Result<Usage, StoreError> {
-        self.read(move |conn| {
-            let (records, bytes): (i64, i64) = conn
-                .prepare_cached(
-                    "SELECT count(*), coalesce(sum(length(CAST(value AS BLOB))), 0) \
-                     FROM memory WHERE owner = ?1",
-                )
-                .store()?
-                .query_row([owner.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
-                .store()?;
-            Ok(Usage {
-                records: codec::to_u64("usage", records)?,
-                bytes: codec::to_u64("usage", bytes)?,
-            })
-        })
-        .await
+        self.read(move |conn| usage_in(conn, &owner)).await
     }
 
     async fn append_audit(&self, drafts: Vec<AuditDraft>) -> Result<ChainHead, StoreError> {
@@ -810,9 +836,11 @@ impl Store for SqliteStore {
     async fn create_run(
         &self,
         run: RunRecord,
-        audit: Vec<AuditDraft>,
+        limit: Option<RunsInFlight>,
+        audit: AuditFn<CreateRun>,
     ) -> Result<CreateRun, StoreError> {
-        self.write(move |tx| create_run_in(tx, run, audit)).await
+        self.write(move |tx| create_run_in(tx, run, limit, audit))
+            .await
     }
 
     async fn get_run(&self, run_id: RunId) -> Result<Option<RunState>, StoreError> {

@@ -31,7 +31,7 @@ use std::collections::VecDeque;
 use std::ffi::c_int;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 
 use rusqlite::Connection;
@@ -49,8 +49,9 @@ use crate::error::{SqlResultExt, map};
 pub(crate) struct Tx<'c> {
     conn: &'c Connection,
     head: ChainHead,
-    /// Set when the group transaction can no longer commit.
-    broken: Option<StoreError>,
+    /// Set when the group transaction can no longer commit (shared: every
+    /// command of the group is answered with it).
+    broken: Option<Arc<StoreError>>,
 }
 
 impl<'c> Tx<'c> {
@@ -77,7 +78,7 @@ impl<'c> Tx<'c> {
         for draft in drafts {
             // Canonical text: the verifier hashes exactly these bytes.
             let details = String::from_utf8(to_canonical(&draft.details))
-                .map_err(|e| StoreError::Backend(format!("audit details: {e}")))?;
+                .map_err(|e| StoreError::backend(format!("audit details: {e}")))?;
             let entry = draft.seal(head.seq + 1, head.hash);
             stmt.execute(rusqlite::params![
                 crate::codec::seq_to_sql(entry.seq)?,
@@ -116,7 +117,7 @@ trait Command: Send {
 /// The answer of a command that ran, held until the group commits.
 trait Answer: Send {
     /// `commit` is the group's outcome.
-    fn send(self: Box<Self>, commit: Result<(), &StoreError>);
+    fn send(self: Box<Self>, commit: Result<(), &Arc<StoreError>>);
 }
 
 struct Op<F, R> {
@@ -130,10 +131,10 @@ struct Pending<R> {
 }
 
 impl<R: Send> Answer for Pending<R> {
-    fn send(self: Box<Self>, commit: Result<(), &StoreError>) {
+    fn send(self: Box<Self>, commit: Result<(), &Arc<StoreError>>) {
         let result = match (self.result, commit) {
             (Ok(r), Ok(())) => Ok(r),
-            (Ok(_), Err(e)) => Err(e.clone()),
+            (Ok(_), Err(e)) => Err(StoreError::fan_out(e)),
             (Err(e), _) => Err(e),
         };
         // The caller may have gone away; the outcome stands regardless.
@@ -155,14 +156,14 @@ where
         let saved = tx.head;
         let result = match exec_cached(tx.conn, "SAVEPOINT cmd") {
             Err(e) => {
-                let e = map(e);
-                tx.broken = Some(e.clone());
-                Err(e)
+                let e = Arc::new(map(e));
+                tx.broken = Some(Arc::clone(&e));
+                Err(StoreError::fan_out(&e))
             }
             Ok(()) => match catch_unwind(AssertUnwindSafe(|| f(tx))) {
                 Ok(r) => r,
-                Err(_) => Err(StoreError::Backend(
-                    "a storage command panicked; it was rolled back".into(),
+                Err(_) => Err(StoreError::backend(
+                    "a storage command panicked; it was rolled back",
                 )),
             },
         };
@@ -174,7 +175,7 @@ where
                     .and_then(|()| exec_cached(tx.conn, "RELEASE cmd")),
             };
             if let Err(e) = settle {
-                tx.broken = Some(map(e));
+                tx.broken = Some(Arc::new(map(e)));
             } else if tx.conn.is_autocommit() {
                 // SQLite rolled the whole transaction back (I/O error, disk
                 // full): nothing of this group happened.
@@ -182,9 +183,9 @@ where
                     Err(e) => e.to_string(),
                     Ok(_) => "the transaction ended early".into(),
                 };
-                tx.broken = Some(StoreError::Backend(format!(
+                tx.broken = Some(Arc::new(StoreError::backend(format!(
                     "the write transaction was rolled back: {why}"
-                )));
+                ))));
             }
         }
         if result.is_err() {
@@ -233,7 +234,7 @@ fn spawn_checkpointer(writer: &mut Connection, path: &Path) -> Result<JoinHandle
                 let _ = conn.wal_checkpoint_v2(None::<&str>, CheckpointMode::PASSIVE);
             }
         })
-        .map_err(|e| StoreError::Backend(format!("cannot start the checkpointer thread: {e}")))
+        .map_err(|e| StoreError::backend(format!("cannot start the checkpointer thread: {e}")))
 }
 
 impl Writer {
@@ -248,7 +249,7 @@ impl Writer {
         let thread = std::thread::Builder::new()
             .name("warden-sqlite-writer".into())
             .spawn(move || run(conn, receiver, max_batch.max(1), checkpointer))
-            .map_err(|e| StoreError::Backend(format!("cannot start the writer thread: {e}")))?;
+            .map_err(|e| StoreError::backend(format!("cannot start the writer thread: {e}")))?;
         Ok(Self {
             sender: Some(sender),
             thread: Some(thread),
@@ -263,7 +264,7 @@ impl Writer {
         R: Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
-        let stopped = || StoreError::Backend("the sqlite writer thread has stopped".into());
+        let stopped = || StoreError::backend("the sqlite writer thread has stopped");
         self.sender
             .as_ref()
             .ok_or_else(stopped)?
@@ -343,8 +344,9 @@ fn commit_group(conn: &Connection, queue: &mut VecDeque<Box<dyn Command>>, max_b
             if !conn.is_autocommit() {
                 let _ = conn.execute_batch("ROLLBACK");
             }
+            let e = Arc::new(e);
             for cmd in queue.drain(..n) {
-                cmd.fail(e.clone());
+                cmd.fail(StoreError::fan_out(&e));
             }
             return;
         }
@@ -370,7 +372,9 @@ fn commit_group(conn: &Connection, queue: &mut VecDeque<Box<dyn Command>>, max_b
             } else {
                 write_head(conn, &tx.head)
             };
-            moved.and_then(|()| exec_cached(conn, "COMMIT").map_err(map))
+            moved
+                .and_then(|()| exec_cached(conn, "COMMIT").map_err(map))
+                .map_err(Arc::new)
         }
     };
     if outcome.is_err() && !conn.is_autocommit() {

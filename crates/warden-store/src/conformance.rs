@@ -58,8 +58,9 @@ use warden_core::time::Timestamp;
 
 use crate::verify::{HeadAnchor, VerifyError, verify_store};
 use crate::{
-    AuditFn, CreateRun, Delete, DeleteOutcome, PutOutcome, RecordStep, RunRecord, RunStep,
-    StepOutcome, StepStatus, Store, StoreError, StoredAgent, TokenRecord, TokenSubject, Usage,
+    AuditFn, CreateRun, Delete, DeleteOutcome, Entity, PutOutcome, QuotaKind, RecordStep,
+    RunRecord, RunStep, RunsInFlight, StepOutcome, StepStatus, StorageQuota, Store, StoreError,
+    StoredAgent, TokenRecord, TokenSubject, Usage,
 };
 
 /// How many writers race for the same revision in [`put_race_one_winner`].
@@ -112,6 +113,11 @@ macro_rules! __conformance_tests {
             record_step_exactly_once,
             record_step_unknown,
             mixed_concurrent_writers,
+            quota_max_records,
+            quota_max_bytes,
+            quota_concurrent_creates,
+            runs_in_flight_limit,
+            runs_in_flight_concurrent,
         );
     };
     (@required ($factory:expr); $($check:ident),* $(,)?) => {
@@ -172,6 +178,11 @@ where
     record_step_exactly_once(factory().await).await;
     record_step_unknown(factory().await).await;
     mixed_concurrent_writers(factory().await).await;
+    quota_max_records(factory().await).await;
+    quota_max_bytes(factory().await).await;
+    quota_concurrent_creates(factory().await).await;
+    runs_in_flight_limit(factory().await).await;
+    runs_in_flight_concurrent(factory().await).await;
 }
 
 // ----- helpers -----
@@ -279,6 +290,11 @@ pub fn put_audit(subject: &str, resource: &str, tag: u64) -> AuditFn<PutOutcome>
                 json!({"tag": tag, "current": current}),
             ),
             PutOutcome::Rejected { reason } => (Verdict::Deny, reason.clone(), json!({"tag": tag})),
+            PutOutcome::OverQuota { quota, limit, used } => (
+                Verdict::Deny,
+                format!("quota_max_{}", quota.as_str()),
+                json!({"tag": tag, "limit": limit, "used": used}),
+            ),
         };
         vec![AuditDraft {
             details,
@@ -429,7 +445,10 @@ pub async fn agents_duplicate_is_rejected<S: Store>(store: S) {
         .insert_agent(other, register("root"))
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::Duplicate(_)), "{err:?}");
+    assert!(
+        matches!(err, StoreError::Duplicate { entity: Entity::Agent, ref id } if id == "root"),
+        "{err:?}"
+    );
     assert_eq!(
         store.load_agents().await.unwrap(),
         vec![agent("root", None)]
@@ -507,7 +526,10 @@ pub async fn agents_status_unknown_changes_nothing<S: Store>(store: S) {
         )
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::NotFound(_)), "{err:?}");
+    assert!(
+        matches!(err, StoreError::NotFound { entity: Entity::Agent, ref id } if id == "ghost"),
+        "{err:?}"
+    );
     assert_eq!(
         store.load_agents().await.unwrap()[0].status,
         AgentStatus::Active
@@ -562,7 +584,10 @@ pub async fn agents_capabilities_update<S: Store>(store: S) {
         )
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::NotFound(_)), "{err:?}");
+    assert!(
+        matches!(err, StoreError::NotFound { entity: Entity::Agent, ref id } if id == "ghost"),
+        "{err:?}"
+    );
     assert_eq!(head_count(&store).await, 3);
     assert_chain(&store).await;
 }
@@ -649,10 +674,16 @@ pub async fn tokens_duplicate_is_rejected<S: Store>(store: S) {
     };
     let same_hash = token("tok-2", "s1", TokenSubject::Agent(id("a")));
     let err = store.insert_token(same_hash, audit()).await.unwrap_err();
-    assert!(matches!(err, StoreError::Duplicate(_)), "{err:?}");
+    assert!(
+        matches!(err, StoreError::Duplicate { entity: Entity::Token, ref id } if id == "tok-2"),
+        "{err:?}"
+    );
     let same_id = token("tok-1", "s2", TokenSubject::Operator);
     let err = store.insert_token(same_id, audit()).await.unwrap_err();
-    assert!(matches!(err, StoreError::Duplicate(_)), "{err:?}");
+    assert!(
+        matches!(err, StoreError::Duplicate { entity: Entity::Token, ref id } if id == "tok-1"),
+        "{err:?}"
+    );
     assert_eq!(store.find_token(Digest::of(b"s2")).await.unwrap(), None);
     assert_eq!(store.find_token(t.hash).await.unwrap(), Some(t));
     assert_eq!(head_count(&store).await, 0);
@@ -733,6 +764,7 @@ pub async fn put_create_and_get_every_class<S: Store>(store: S) {
             .put_record(
                 p,
                 Timestamp(100 + i as i64),
+                crate::StorageQuota::default(),
                 put_audit("owner", k, i as u64),
             )
             .await
@@ -760,6 +792,7 @@ pub async fn put_create_and_get_every_class<S: Store>(store: S) {
         .put_record(
             put("owner", "ns", "plain", json!(1), None),
             Timestamp(1),
+            crate::StorageQuota::default(),
             put_audit("owner", "plain", 99),
         )
         .await
@@ -782,6 +815,7 @@ pub async fn put_create_only<S: Store>(store: S) {
         .put_record(
             put("a", "ns", "k", json!("first"), Some(0)),
             Timestamp(1),
+            crate::StorageQuota::default(),
             put_audit("a", "ns.k", 1),
         )
         .await
@@ -793,6 +827,7 @@ pub async fn put_create_only<S: Store>(store: S) {
         .put_record(
             put("a", "ns", "k", json!("second"), Some(0)),
             Timestamp(2),
+            crate::StorageQuota::default(),
             put_audit("a", "ns.k", 2),
         )
         .await
@@ -826,6 +861,7 @@ pub async fn put_stale_revision_conflicts<S: Store>(store: S) {
         store.put_record(
             put("a", "ns", "k", v, e),
             Timestamp(t),
+            crate::StorageQuota::default(),
             put_audit("a", "ns.k", tag),
         )
     };
@@ -855,6 +891,7 @@ pub async fn put_stale_revision_conflicts<S: Store>(store: S) {
         .put_record(
             put("a", "ns", "other", json!(0), Some(7)),
             Timestamp(5),
+            crate::StorageQuota::default(),
             put_audit("a", "ns.other", 5),
         )
         .await
@@ -892,7 +929,12 @@ pub async fn put_unconditional<S: Store>(store: S) {
         ..put("a", "ns", "k", json!(1), None)
     };
     store
-        .put_record(p, Timestamp(10), put_audit("a", "ns.k", 1))
+        .put_record(
+            p,
+            Timestamp(10),
+            crate::StorageQuota::default(),
+            put_audit("a", "ns.k", 1),
+        )
         .await
         .unwrap();
     for i in 2..=4 {
@@ -900,6 +942,7 @@ pub async fn put_unconditional<S: Store>(store: S) {
             .put_record(
                 put("a", "ns", "k", json!(i), None),
                 Timestamp(10 * i),
+                crate::StorageQuota::default(),
                 put_audit("a", "ns.k", i as u64),
             )
             .await
@@ -928,7 +971,12 @@ pub async fn put_unconditional<S: Store>(store: S) {
         ..put("a", "ns", "k", json!("x"), Some(4))
     };
     store
-        .put_record(p, Timestamp(50), put_audit("a", "ns.k", 5))
+        .put_record(
+            p,
+            Timestamp(50),
+            crate::StorageQuota::default(),
+            put_audit("a", "ns.k", 5),
+        )
         .await
         .unwrap();
     let stored = get_one(&store, "a", "ns", "k").await.unwrap();
@@ -951,7 +999,12 @@ pub async fn put_class_rejection<S: Store>(store: S) {
         ..put("a", "policy", "upload", json!(false), Some(0))
     };
     store
-        .put_record(p, Timestamp(1), put_audit("a", "policy.upload", 1))
+        .put_record(
+            p,
+            Timestamp(1),
+            crate::StorageQuota::default(),
+            put_audit("a", "policy.upload", 1),
+        )
         .await
         .unwrap();
     // Keeping the class, the new value must still fit the combinator.
@@ -959,6 +1012,7 @@ pub async fn put_class_rejection<S: Store>(store: S) {
         .put_record(
             put("a", "policy", "upload", json!(5), Some(1)),
             Timestamp(2),
+            crate::StorageQuota::default(),
             put_audit("a", "policy.upload", 2),
         )
         .await
@@ -981,7 +1035,12 @@ pub async fn put_class_rejection<S: Store>(store: S) {
         ..put("a", "credentials", "token", json!("x"), None)
     };
     let outcome = store
-        .put_record(p, Timestamp(3), put_audit("a", "credentials.token", 3))
+        .put_record(
+            p,
+            Timestamp(3),
+            crate::StorageQuota::default(),
+            put_audit("a", "credentials.token", 3),
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -1019,6 +1078,7 @@ pub async fn put_race_one_winner<S: Store>(store: S) {
         .put_record(
             put("a", "ns", "k", json!("start"), Some(0)),
             Timestamp(1),
+            crate::StorageQuota::default(),
             put_audit("a", "ns.k", 1000),
         )
         .await
@@ -1034,6 +1094,7 @@ pub async fn put_race_one_winner<S: Store>(store: S) {
                 .put_record(
                     put("a", "ns", "k", json!({"writer": i}), Some(1)),
                     Timestamp(2),
+                    crate::StorageQuota::default(),
                     put_audit("a", "ns.k", i as u64),
                 )
                 .await
@@ -1098,6 +1159,7 @@ pub async fn get_records_by_owner<S: Store>(store: S) {
             .put_record(
                 put(owner, namespace, k, json!(owner), None),
                 Timestamp(1),
+                crate::StorageQuota::default(),
                 put_audit(owner, k, 0),
             )
             .await
@@ -1165,6 +1227,7 @@ pub async fn delete_semantics<S: Store>(store: S) {
             .put_record(
                 put("a", "ns", "k", json!(v), None),
                 Timestamp(1),
+                crate::StorageQuota::default(),
                 put_audit("a", "ns.k", v),
             )
             .await
@@ -1174,6 +1237,7 @@ pub async fn delete_semantics<S: Store>(store: S) {
         .put_record(
             put("b", "ns", "k", json!("b"), None),
             Timestamp(1),
+            crate::StorageQuota::default(),
             put_audit("b", "ns.k", 9),
         )
         .await
@@ -1210,6 +1274,7 @@ pub async fn delete_semantics<S: Store>(store: S) {
         .put_record(
             put("a", "ns", "k", json!("again"), Some(0)),
             Timestamp(5),
+            crate::StorageQuota::default(),
             put_audit("a", "ns.k", 10),
         )
         .await
@@ -1251,6 +1316,7 @@ pub async fn owner_usage_counts<S: Store>(store: S) {
             .put_record(
                 put("a", "ns", &format!("k{i}"), v.clone(), None),
                 Timestamp(1),
+                crate::StorageQuota::default(),
                 put_audit("a", "k", 0),
             )
             .await
@@ -1260,6 +1326,7 @@ pub async fn owner_usage_counts<S: Store>(store: S) {
         .put_record(
             put("b", "ns", "k0", json!(true), None),
             Timestamp(1),
+            crate::StorageQuota::default(),
             put_audit("b", "k", 0),
         )
         .await
@@ -1524,21 +1591,25 @@ pub async fn audit_verify_and_anchor<S: Store>(store: S) {
         seq: 2,
         hash: Digest::of(b"elsewhere"),
     };
-    assert_eq!(
-        verify_store(&store, Some(wrong)).await,
-        Err(VerifyError::AnchorMismatch { seq: 2 })
+    let r = verify_store(&store, Some(wrong)).await;
+    assert!(
+        matches!(r, Err(VerifyError::AnchorMismatch { seq: 2 })),
+        "{r:?}"
     );
     let beyond = HeadAnchor {
         seq: 9,
         hash: head.hash,
     };
     let err = verify_store(&store, Some(beyond)).await.unwrap_err();
-    assert_eq!(
-        err,
-        VerifyError::AnchorNotReached {
-            last_seq: 6,
-            anchor_seq: 9
-        }
+    assert!(
+        matches!(
+            err,
+            VerifyError::AnchorNotReached {
+                last_seq: 6,
+                anchor_seq: 9
+            }
+        ),
+        "{err:?}"
     );
     assert_eq!(err.seq(), Some(7));
 }
@@ -1559,7 +1630,10 @@ pub async fn runs_create_existing_get<S: Store>(store: S) {
         )]
     };
     assert_eq!(
-        store.create_run(run.clone(), audit()).await.unwrap(),
+        store
+            .create_run(run.clone(), None, crate::audit_if_created(audit()))
+            .await
+            .unwrap(),
         CreateRun::Created
     );
     assert_eq!(head_count(&store).await, 1);
@@ -1567,7 +1641,11 @@ pub async fn runs_create_existing_get<S: Store>(store: S) {
     assert_eq!(state.run, run);
     assert!(state.outcomes.is_empty());
     let reused = sample_run("run-1", Digest::of(b"another sop"));
-    match store.create_run(reused, audit()).await.unwrap() {
+    match store
+        .create_run(reused, None, crate::audit_if_created(audit()))
+        .await
+        .unwrap()
+    {
         CreateRun::Existing(existing) => {
             assert_eq!(existing.run, run);
             assert_eq!(existing.run.sop_hash, Digest::of(b"sop"));
@@ -1578,7 +1656,10 @@ pub async fn runs_create_existing_get<S: Store>(store: S) {
     assert_eq!(store.get_run(run_id("run-2")).await.unwrap(), None);
     let other = sample_run("run-2", Digest::of(b"sop"));
     assert_eq!(
-        store.create_run(other.clone(), vec![]).await.unwrap(),
+        store
+            .create_run(other.clone(), None, crate::audit_if_created(vec![]))
+            .await
+            .unwrap(),
         CreateRun::Created
     );
     assert_eq!(
@@ -1592,7 +1673,10 @@ pub async fn runs_create_existing_get<S: Store>(store: S) {
 /// outcome unchanged and appends nothing.
 pub async fn record_step_exactly_once<S: Store>(store: S) {
     let run = sample_run("run-1", Digest::of(b"sop"));
-    store.create_run(run, vec![]).await.unwrap();
+    store
+        .create_run(run, None, crate::audit_if_created(vec![]))
+        .await
+        .unwrap();
     let audit = |s: &str| {
         vec![draft(
             "researcher",
@@ -1643,7 +1727,11 @@ pub async fn record_step_exactly_once<S: Store>(store: S) {
     assert_eq!(state.outcomes.get(&step_id("s1")), Some(&first));
     assert_eq!(state.outcomes.get(&step_id("s3")), Some(&failed));
     match store
-        .create_run(sample_run("run-1", Digest::of(b"sop")), vec![])
+        .create_run(
+            sample_run("run-1", Digest::of(b"sop")),
+            None,
+            crate::audit_if_created(vec![]),
+        )
         .await
         .unwrap()
     {
@@ -1658,7 +1746,11 @@ pub async fn record_step_exactly_once<S: Store>(store: S) {
 /// and appends nothing.
 pub async fn record_step_unknown<S: Store>(store: S) {
     store
-        .create_run(sample_run("run-1", Digest::of(b"sop")), vec![])
+        .create_run(
+            sample_run("run-1", Digest::of(b"sop")),
+            None,
+            crate::audit_if_created(vec![]),
+        )
         .await
         .unwrap();
     let audit = || {
@@ -1674,12 +1766,18 @@ pub async fn record_step_unknown<S: Store>(store: S) {
         .record_step(run_id("ghost"), step_id("s1"), completed(json!(1)), audit())
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::NotFound(_)), "{err:?}");
+    assert!(
+        matches!(err, StoreError::NotFound { entity: Entity::Run, ref id } if id == "ghost"),
+        "{err:?}"
+    );
     let err = store
         .record_step(run_id("run-1"), step_id("s9"), completed(json!(1)), audit())
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::NotFound(_)), "{err:?}");
+    assert!(
+        matches!(err, StoreError::NotFound { entity: Entity::Step, ref id } if id == "run-1/s9"),
+        "{err:?}"
+    );
     assert_eq!(head_count(&store).await, 0);
     assert!(
         store
@@ -1703,7 +1801,11 @@ pub async fn mixed_concurrent_writers<S: Store>(store: S) {
         .await
         .unwrap();
     store
-        .create_run(sample_run("run-1", Digest::of(b"sop")), vec![])
+        .create_run(
+            sample_run("run-1", Digest::of(b"sop")),
+            None,
+            crate::audit_if_created(vec![]),
+        )
         .await
         .unwrap();
     let mut tasks = Vec::new();
@@ -1717,6 +1819,7 @@ pub async fn mixed_concurrent_writers<S: Store>(store: S) {
                     .put_record(
                         put("root", "ns", &k, json!(i), Some(0)),
                         Timestamp(1),
+                        crate::StorageQuota::default(),
                         put_audit("root", &k, i),
                     )
                     .await
@@ -1727,7 +1830,13 @@ pub async fn mixed_concurrent_writers<S: Store>(store: S) {
                 let dup = store
                     .insert_agent(agent("root", None), register("dup"))
                     .await;
-                assert!(matches!(dup, Err(StoreError::Duplicate(_))));
+                assert!(matches!(
+                    dup,
+                    Err(StoreError::Duplicate {
+                        entity: Entity::Agent,
+                        ..
+                    })
+                ));
                 // Fails: unknown step.
                 let bad = store
                     .record_step(
@@ -1737,7 +1846,13 @@ pub async fn mixed_concurrent_writers<S: Store>(store: S) {
                         register("bad-step"),
                     )
                     .await;
-                assert!(matches!(bad, Err(StoreError::NotFound(_))));
+                assert!(matches!(
+                    bad,
+                    Err(StoreError::NotFound {
+                        entity: Entity::Step,
+                        ..
+                    })
+                ));
                 store
                     .append_audit(vec![draft("root", "note", &k, Verdict::Allow, "ok")])
                     .await
@@ -1767,5 +1882,376 @@ pub async fn mixed_concurrent_writers<S: Store>(store: S) {
             );
         }
     }
+    assert_chain(&*store).await;
+}
+
+// ----- quotas -----
+
+fn records_quota(max: u64) -> StorageQuota {
+    StorageQuota {
+        max_records: Some(max),
+        max_bytes: None,
+    }
+}
+
+fn bytes_quota(max: u64) -> StorageQuota {
+    StorageQuota {
+        max_records: None,
+        max_bytes: Some(max),
+    }
+}
+
+/// Put with a quota and the engine-like audit function.
+async fn put_q<S: Store>(
+    store: &S,
+    owner: &str,
+    k: &str,
+    value: Value,
+    quota: StorageQuota,
+) -> PutOutcome {
+    store
+        .put_record(
+            put(owner, "ns", k, value, None),
+            Timestamp(5),
+            quota,
+            put_audit(owner, k, 0),
+        )
+        .await
+        .unwrap()
+}
+
+/// `max_records`: a create counts one more record; at the limit a create
+/// is `OverQuota` (nothing stored, the refusal audited), an update is not
+/// a create and is allowed, other owners are not affected.
+pub async fn quota_max_records<S: Store>(store: S) {
+    let q = records_quota(2);
+    for k in ["a", "b"] {
+        let o = put_q(&store, "o", k, json!(1), q).await;
+        assert!(
+            matches!(o, PutOutcome::Written { created: true, .. }),
+            "{o:?}"
+        );
+    }
+    let o = put_q(&store, "o", "c", json!(1), q).await;
+    assert_eq!(
+        o,
+        PutOutcome::OverQuota {
+            quota: QuotaKind::Records,
+            limit: 2,
+            used: 2
+        }
+    );
+    assert_eq!(get_one(&store, "o", "ns", "c").await, None);
+    let last = audit_all(&store).await.pop().unwrap();
+    assert_eq!(
+        (last.draft.verdict, last.draft.reason.as_str()),
+        (Verdict::Deny, "quota_max_records")
+    );
+    assert_eq!(last.draft.details["limit"], json!(2));
+    assert_eq!(last.draft.details["used"], json!(2));
+    // An update at the limit is allowed, and so is another owner's create.
+    let o = put_q(&store, "o", "a", json!({"bigger": [1, 2, 3]}), q).await;
+    assert!(
+        matches!(o, PutOutcome::Written { created: false, .. }),
+        "{o:?}"
+    );
+    let o = put_q(&store, "p", "c", json!(1), q).await;
+    assert!(
+        matches!(o, PutOutcome::Written { created: true, .. }),
+        "{o:?}"
+    );
+    // Without a quota the store does not limit.
+    let o = put_q(&store, "o", "d", json!(1), StorageQuota::default()).await;
+    assert!(
+        matches!(o, PutOutcome::Written { created: true, .. }),
+        "{o:?}"
+    );
+    assert_eq!(
+        store.owner_usage(id("o")).await.unwrap().records,
+        3,
+        "a refused create stored nothing"
+    );
+    assert_eq!(head_count(&store).await, 6, "every attempt is audited");
+    assert_chain(&store).await;
+}
+
+/// `max_bytes`: bytes are the owner's JSON-encoded value lengths; a write
+/// that grows a value must keep `used - old + new <= max`; one that does
+/// not grow is always allowed, even over the limit.
+pub async fn quota_max_bytes<S: Store>(store: S) {
+    // `"xxxx"` is 6 bytes of JSON.
+    let six = json!("xxxx");
+    assert_eq!(crate::encoded_len(&six), 6);
+    let q = bytes_quota(12);
+    assert!(matches!(
+        put_q(&store, "o", "a", six.clone(), q).await,
+        PutOutcome::Written { .. }
+    ));
+    assert!(matches!(
+        put_q(&store, "o", "b", six.clone(), q).await,
+        PutOutcome::Written { .. }
+    ));
+    assert_eq!(
+        store.owner_usage(id("o")).await.unwrap(),
+        Usage {
+            records: 2,
+            bytes: 12
+        }
+    );
+    // A new record of any size is over; so is growing one.
+    assert_eq!(
+        put_q(&store, "o", "c", json!(1), q).await,
+        PutOutcome::OverQuota {
+            quota: QuotaKind::Bytes,
+            limit: 12,
+            used: 12
+        }
+    );
+    assert_eq!(
+        put_q(&store, "o", "a", json!("xxxxx"), q).await,
+        PutOutcome::OverQuota {
+            quota: QuotaKind::Bytes,
+            limit: 12,
+            used: 12
+        }
+    );
+    let a = get_one(&store, "o", "ns", "a").await.unwrap();
+    assert_eq!((a.value, a.revision), (six.clone(), 1), "nothing changed");
+    // The same size and smaller are allowed, even under a lower limit.
+    assert!(matches!(
+        put_q(&store, "o", "a", json!("yyyy"), q).await,
+        PutOutcome::Written { .. }
+    ));
+    assert!(matches!(
+        put_q(&store, "o", "a", json!("y"), bytes_quota(1)).await,
+        PutOutcome::Written { .. }
+    ));
+    // Freed bytes can be used again: 3 + 6 + 3 = 12.
+    assert!(matches!(
+        put_q(&store, "o", "c", json!("z"), q).await,
+        PutOutcome::Written { created: true, .. }
+    ));
+    assert_eq!(
+        store.owner_usage(id("o")).await.unwrap(),
+        Usage {
+            records: 3,
+            bytes: 12
+        }
+    );
+    assert_eq!(head_count(&store).await, 7);
+    assert_chain(&store).await;
+}
+
+/// [`RACE_WRITERS`] concurrent creates of different keys by one owner under
+/// `max_records`: exactly the limit is stored, however the writers
+/// interleave; every attempt is audited.
+pub async fn quota_concurrent_creates<S: Store>(store: S) {
+    const MAX: u64 = 5;
+    let store = Arc::new(store);
+    let barrier = Arc::new(tokio::sync::Barrier::new(RACE_WRITERS));
+    let mut tasks = Vec::new();
+    for i in 0..RACE_WRITERS {
+        let store = Arc::clone(&store);
+        let barrier = Arc::clone(&barrier);
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            put_q(&*store, "o", &format!("k{i}"), json!(i), records_quota(MAX)).await
+        }));
+    }
+    let mut written = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            PutOutcome::Written { .. } => written += 1,
+            PutOutcome::OverQuota {
+                quota: QuotaKind::Records,
+                limit: MAX,
+                used: MAX,
+            } => {}
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+    assert_eq!(written, MAX);
+    assert_eq!(store.owner_usage(id("o")).await.unwrap().records, MAX);
+    assert_eq!(head_count(&*store).await, RACE_WRITERS as u64);
+    assert_chain(&*store).await;
+}
+
+fn agent_run(name: &str, agent: &str, created_at: i64) -> RunRecord {
+    RunRecord {
+        agent: id(agent),
+        created_at: Timestamp(created_at),
+        ..sample_run(name, Digest::of(name.as_bytes()))
+    }
+}
+
+fn run_audit(tag: &str) -> AuditFn<CreateRun> {
+    let tag = tag.to_string();
+    Box::new(move |outcome: &CreateRun| match outcome {
+        CreateRun::Created => vec![draft("a", "run.admit", &tag, Verdict::Allow, "admitted")],
+        CreateRun::OverQuota { limit, in_flight } => vec![AuditDraft {
+            details: json!({"limit": limit, "in_flight": in_flight}),
+            ..draft(
+                "a",
+                "run.admit",
+                &tag,
+                Verdict::Deny,
+                "quota_max_runs_in_flight",
+            )
+        }],
+        CreateRun::Existing(_) => Vec::new(),
+    })
+}
+
+fn in_flight(max: u32, since: i64) -> Option<RunsInFlight> {
+    Some(RunsInFlight {
+        max,
+        since: Timestamp(since),
+    })
+}
+
+/// Runs in flight: unfinished runs of the same agent created at or after
+/// `since`. At the limit a create is `OverQuota` (nothing stored, the
+/// refusal audited); an existing id is returned whatever the quota; a run
+/// stops counting once a step fails or is denied, once every step has an
+/// outcome, or once it is older than `since`.
+pub async fn runs_in_flight_limit<S: Store>(store: S) {
+    for name in ["r1", "r2"] {
+        let o = store
+            .create_run(agent_run(name, "a", 10), in_flight(2, 0), run_audit(name))
+            .await
+            .unwrap();
+        assert_eq!(o, CreateRun::Created);
+    }
+    let o = store
+        .create_run(agent_run("r3", "a", 10), in_flight(2, 0), run_audit("r3"))
+        .await
+        .unwrap();
+    assert_eq!(
+        o,
+        CreateRun::OverQuota {
+            limit: 2,
+            in_flight: 2
+        }
+    );
+    assert_eq!(store.get_run(run_id("r3")).await.unwrap(), None);
+    let last = audit_all(&store).await.pop().unwrap();
+    assert_eq!(last.draft.reason, "quota_max_runs_in_flight");
+    assert_eq!(last.draft.details, json!({"limit": 2, "in_flight": 2}));
+    // An existing run comes back whatever the quota, appending nothing.
+    let before = head_count(&store).await;
+    let o = store
+        .create_run(agent_run("r1", "a", 10), in_flight(0, 0), run_audit("r1"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(o, CreateRun::Existing(ref s) if s.run.run_id == run_id("r1")),
+        "{o:?}"
+    );
+    assert_eq!(head_count(&store).await, before);
+    // Another agent has its own count.
+    let o = store
+        .create_run(agent_run("b1", "b", 10), in_flight(2, 0), run_audit("b1"))
+        .await
+        .unwrap();
+    assert_eq!(o, CreateRun::Created);
+    // A failed step finishes r1.
+    let failed = StepOutcome {
+        status: StepStatus::Failed,
+        result: None,
+        error: Some("boom".into()),
+        labels: Vec::new(),
+        recorded_at: Timestamp(11),
+    };
+    store
+        .record_step(run_id("r1"), step_id("s1"), failed, Vec::new())
+        .await
+        .unwrap();
+    let o = store
+        .create_run(agent_run("r3", "a", 12), in_flight(2, 0), run_audit("r3"))
+        .await
+        .unwrap();
+    assert_eq!(o, CreateRun::Created);
+    // r2 completes every step: finished.
+    for s in ["s1", "s2"] {
+        store
+            .record_step(run_id("r2"), step_id(s), completed(json!(1)), Vec::new())
+            .await
+            .unwrap();
+    }
+    let o = store
+        .create_run(agent_run("r4", "a", 13), in_flight(2, 0), run_audit("r4"))
+        .await
+        .unwrap();
+    assert_eq!(
+        o,
+        CreateRun::OverQuota {
+            limit: 2,
+            in_flight: 2
+        },
+        "two of three steps completed is not finished"
+    );
+    store
+        .record_step(run_id("r2"), step_id("s3"), completed(json!(1)), Vec::new())
+        .await
+        .unwrap();
+    let o = store
+        .create_run(agent_run("r4", "a", 13), in_flight(2, 0), run_audit("r4"))
+        .await
+        .unwrap();
+    assert_eq!(o, CreateRun::Created);
+    // r3 (created at 12) and r4 (13) are in flight; from `since` 13 on only
+    // r4 counts, so an abandoned r3 no longer holds a slot.
+    let o = store
+        .create_run(agent_run("r5", "a", 14), in_flight(2, 0), run_audit("r5"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(o, CreateRun::OverQuota { in_flight: 2, .. }),
+        "{o:?}"
+    );
+    let o = store
+        .create_run(agent_run("r5", "a", 14), in_flight(2, 13), run_audit("r5"))
+        .await
+        .unwrap();
+    assert_eq!(o, CreateRun::Created);
+    assert_chain(&store).await;
+}
+
+/// [`RACE_WRITERS`] concurrent creates of different runs by one agent
+/// never exceed the limit.
+pub async fn runs_in_flight_concurrent<S: Store>(store: S) {
+    const MAX: u32 = 3;
+    let store = Arc::new(store);
+    let barrier = Arc::new(tokio::sync::Barrier::new(RACE_WRITERS));
+    let mut tasks = Vec::new();
+    for i in 0..RACE_WRITERS {
+        let store = Arc::clone(&store);
+        let barrier = Arc::clone(&barrier);
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let name = format!("run-{i}");
+            store
+                .create_run(
+                    agent_run(&name, "a", 10),
+                    in_flight(MAX, 0),
+                    run_audit(&name),
+                )
+                .await
+                .unwrap()
+        }));
+    }
+    let mut created = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            CreateRun::Created => created += 1,
+            CreateRun::OverQuota {
+                limit: MAX,
+                in_flight: MAX,
+            } => {}
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+    assert_eq!(created, MAX);
+    assert_eq!(head_count(&*store).await, RACE_WRITERS as u64);
     assert_chain(&*store).await;
 }

@@ -242,7 +242,7 @@ pub async fn escalation_lifecycle<S: Store>(store: &S) -> Result<(), Failure> {
         .put_escalation(escalation("esc-c-1", step("b")?), Box::new(created))
         .await;
     check(
-        matches!(dup, Err(crate::StoreError::Duplicate(_))),
+        matches!(dup, Err(crate::StoreError::Duplicate { entity: crate::Entity::Escalation, ref id }) if id == "esc-c-1"),
         "a reused escalation id is a duplicate",
     )?;
     let pending = store

@@ -31,7 +31,9 @@
 //! ([`conformance_tests!`]); [`verify`] checks any backend's audit chain
 //! against its recorded head and an external [`HeadAnchor`].
 
+mod error;
 mod memory_store;
+mod quota;
 mod records;
 
 pub mod conformance;
@@ -49,7 +51,9 @@ use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
 use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 
+pub use error::{BoxError, Entity, StoreError};
 pub use memory_store::MemoryStore;
+pub use quota::{QuotaKind, RunsInFlight, StorageQuota, decide_put, encoded_len, run_finished};
 pub use records::*;
 pub use verify::{HeadAnchor, VerifyError, VerifyReport, verify_store};
 
@@ -57,33 +61,13 @@ pub use verify::{HeadAnchor, VerifyError, VerifyReport, verify_store};
 /// audit entries committed with it.
 pub type AuditFn<T> = Box<dyn FnOnce(&T) -> Vec<AuditDraft> + Send>;
 
-/// Why a storage operation failed (as opposed to being denied: denials are
-/// outcomes, not errors).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum StoreError {
-    /// A unique key already exists (agent id, token, run id).
-    #[error("`{0}` already exists")]
-    Duplicate(String),
-    /// The row to change does not exist.
-    #[error("`{0}` not found")]
-    NotFound(String),
-    /// The database was written by a newer Warden.
-    #[error("database schema version {found} is newer than this build supports ({supported})")]
-    SchemaTooNew {
-        /// Version found in the database.
-        found: i64,
-        /// Newest version this build knows.
-        supported: i64,
-    },
-    /// The file is not a Warden database, or its contents are damaged.
-    #[error("not a usable warden database: {0}")]
-    Corrupt(String),
-    /// The database cannot be written.
-    #[error("database is read-only: {0}")]
-    ReadOnly(String),
-    /// Any other backend failure.
-    #[error("storage backend failed: {0}")]
-    Backend(String),
+/// An [`AuditFn`] for [`Store::create_run`] that appends `drafts` when the
+/// run is created and nothing otherwise (an existing run, a refusal).
+pub fn audit_if_created(drafts: Vec<AuditDraft>) -> AuditFn<CreateRun> {
+    Box::new(move |outcome| match outcome {
+        CreateRun::Created => drafts,
+        CreateRun::Existing(_) | CreateRun::OverQuota { .. } => Vec::new(),
+    })
 }
 
 /// Storage for everything Warden decides about.
@@ -153,11 +137,17 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<MemoryRecord>, StoreError>> + Send;
 
     /// Create or update one record with compare-and-set semantics (see
-    /// `warden_core::memory::apply_put`), atomically with its audit entries.
+    /// `warden_core::memory::apply_put`) under the owner's `quota`,
+    /// atomically with its audit entries: the decision is [`decide_put`]
+    /// on the current record and the owner's usage, both read in the
+    /// write's transaction, and a backend serialises one owner's
+    /// quota-checked writes so the limit is exact across servers.
+    /// [`PutOutcome::OverQuota`] writes nothing; `audit` records it.
     fn put_record(
         &self,
         put: Put,
         now: Timestamp,
+        quota: StorageQuota,
         audit: AuditFn<PutOutcome>,
     ) -> impl Future<Output = Result<PutOutcome, StoreError>> + Send;
 
@@ -193,11 +183,17 @@ pub trait Store: Send + Sync + 'static {
     // ----- runs -----
 
     /// Create a run, or return the existing one with the same id (the caller
-    /// compares SOP hashes). Audit entries are appended only on creation.
+    /// compares SOP hashes; an existing run is returned whatever the
+    /// quota). With `limit`, a create that would put more than `limit.max`
+    /// runs of the same agent in flight is [`CreateRun::OverQuota`] and
+    /// stores nothing; the count is taken in the create's transaction,
+    /// serialised per agent. `audit` gets every outcome; its entries commit
+    /// with it.
     fn create_run(
         &self,
         run: RunRecord,
-        audit: Vec<AuditDraft>,
+        limit: Option<RunsInFlight>,
+        audit: AuditFn<CreateRun>,
     ) -> impl Future<Output = Result<CreateRun, StoreError>> + Send;
 
     /// A run with every recorded step outcome.

@@ -10,14 +10,14 @@ use warden_core::decision::Subject;
 use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::hierarchy::AgentStatus;
 use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
-use warden_core::memory::{MemoryRecord, Put, PutRejection, apply_put, check_result};
+use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 
 use crate::{
-    AuditFn, CreateRun, Delete, DeleteOutcome, EscalationRecord, EscalationResolution,
+    AuditFn, CreateRun, Delete, DeleteOutcome, Entity, EscalationRecord, EscalationResolution,
     EscalationStatus, EscalationTarget, PutEnvelope, PutEscalation, PutOutcome, RecordStep,
-    ResolveEscalation, RunRecord, RunState, StepOutcome, Store, StoreError, StoredAgent,
-    TokenRecord, Usage,
+    ResolveEscalation, RunRecord, RunState, RunsInFlight, StepOutcome, StorageQuota, Store,
+    StoreError, StoredAgent, TokenRecord, Usage, decide_put, encoded_len, run_finished,
 };
 
 type RecordKey = (AgentId, Namespace, Key);
@@ -50,6 +50,18 @@ impl Inner {
                 hash: Digest::GENESIS,
             },
         }
+    }
+
+    /// What `owner` holds: records and bytes of JSON-encoded values.
+    fn usage(&self, owner: &AgentId) -> Usage {
+        let mut usage = Usage::default();
+        for ((o, _, _), r) in self.records.iter() {
+            if o == owner {
+                usage.records += 1;
+                usage.bytes = usage.bytes.saturating_add(encoded_len(&r.value));
+            }
+        }
+        usage
     }
 
     fn append(&mut self, drafts: Vec<AuditDraft>) -> ChainHead {
@@ -138,7 +150,7 @@ impl MemoryStore {
     fn lock(&self) -> Result<MutexGuard<'_, Inner>, StoreError> {
         self.inner
             .lock()
-            .map_err(|_| StoreError::Backend("in-memory store lock poisoned".into()))
+            .map_err(|_| StoreError::backend("in-memory store lock poisoned"))
     }
 
     /// Direct access to the stored audit entries, for tests that tamper
@@ -168,7 +180,7 @@ impl Store for MemoryStore {
     ) -> Result<(), StoreError> {
         let mut g = self.lock()?;
         if g.agent_index.contains_key(&agent.id) {
-            return Err(StoreError::Duplicate(agent.id.to_string()));
+            return Err(StoreError::duplicate(Entity::Agent, &agent.id));
         }
         let at = g.agents.len();
         g.agent_index.insert(agent.id.clone(), at);
@@ -190,7 +202,7 @@ impl Store for MemoryStore {
                 .agent_index
                 .get(id)
                 .copied()
-                .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+                .ok_or_else(|| StoreError::not_found(Entity::Agent, id))?;
             positions.push(at);
         }
         for at in positions {
@@ -213,7 +225,7 @@ impl Store for MemoryStore {
             .agent_index
             .get(&id)
             .copied()
-            .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+            .ok_or_else(|| StoreError::not_found(Entity::Agent, id))?;
         if let Some(a) = g.agents.get_mut(at) {
             a.capabilities = capabilities;
         }
@@ -231,7 +243,7 @@ impl Store for MemoryStore {
             .iter()
             .any(|t| t.hash == token.hash || t.token_id == token.token_id)
         {
-            return Err(StoreError::Duplicate(token.token_id));
+            return Err(StoreError::duplicate(Entity::Token, token.token_id));
         }
         g.tokens.push(token);
         g.append(audit);
@@ -280,23 +292,17 @@ impl Store for MemoryStore {
         &self,
         put: Put,
         now: Timestamp,
+        quota: StorageQuota,
         audit: AuditFn<PutOutcome>,
     ) -> Result<PutOutcome, StoreError> {
         let mut g = self.lock()?;
-        let k = (put.owner.clone(), put.namespace.clone(), put.key.clone());
-        let current = g.records.get(&k);
-        let outcome = match apply_put(current, &put, now) {
-            Err(PutRejection::Conflict { current }) => PutOutcome::Conflict { current },
-            Ok(record) => match check_result(&record) {
-                Err(reason) => PutOutcome::Rejected {
-                    reason: reason.to_string(),
-                },
-                Ok(()) => PutOutcome::Written {
-                    created: record.revision == 1,
-                    record,
-                },
-            },
+        let usage = if quota.is_unlimited() {
+            Usage::default()
+        } else {
+            g.usage(&put.owner)
         };
+        let k = (put.owner.clone(), put.namespace.clone(), put.key.clone());
+        let outcome = decide_put(g.records.get(&k), &put, now, quota, usage);
         if let PutOutcome::Written { record, .. } = &outcome {
             g.records.insert(k, record.clone());
         }
@@ -332,15 +338,7 @@ impl Store for MemoryStore {
     }
 
     async fn owner_usage(&self, owner: AgentId) -> Result<Usage, StoreError> {
-        let g = self.lock()?;
-        let mut usage = Usage::default();
-        for ((o, _, _), r) in g.records.iter() {
-            if o == &owner {
-                usage.records += 1;
-                usage.bytes += serde_json::to_string(&r.value).map_or(0, |s| s.len() as u64);
-            }
-        }
-        Ok(usage)
+        Ok(self.lock()?.usage(&owner))
     }
 
     async fn append_audit(&self, drafts: Vec<AuditDraft>) -> Result<ChainHead, StoreError> {
@@ -360,21 +358,43 @@ impl Store for MemoryStore {
     async fn create_run(
         &self,
         run: RunRecord,
-        audit: Vec<AuditDraft>,
+        limit: Option<RunsInFlight>,
+        audit: AuditFn<CreateRun>,
     ) -> Result<CreateRun, StoreError> {
         let mut g = self.lock()?;
-        if let Some(existing) = g.runs.get(&run.run_id) {
-            return Ok(CreateRun::Existing(Box::new(existing.clone())));
+        let outcome = if let Some(existing) = g.runs.get(&run.run_id) {
+            CreateRun::Existing(Box::new(existing.clone()))
+        } else {
+            let in_flight = limit.map(|l| {
+                let n = g
+                    .runs
+                    .values()
+                    .filter(|s| {
+                        s.run.agent == run.agent && s.run.created_at >= l.since && !run_finished(s)
+                    })
+                    .count();
+                (l.max, u32::try_from(n).unwrap_or(u32::MAX))
+            });
+            match in_flight {
+                Some((max, n)) if n >= max => CreateRun::OverQuota {
+                    limit: max,
+                    in_flight: n,
+                },
+                _ => CreateRun::Created,
+            }
+        };
+        if matches!(outcome, CreateRun::Created) {
+            g.runs.insert(
+                run.run_id.clone(),
+                RunState {
+                    run,
+                    outcomes: Default::default(),
+                },
+            );
         }
-        g.runs.insert(
-            run.run_id.clone(),
-            RunState {
-                run,
-                outcomes: Default::default(),
-            },
-        );
-        g.append(audit);
-        Ok(CreateRun::Created)
+        let drafts = audit(&outcome);
+        g.append(drafts);
+        Ok(outcome)
     }
 
     async fn get_run(&self, run_id: RunId) -> Result<Option<RunState>, StoreError> {
@@ -392,9 +412,12 @@ impl Store for MemoryStore {
         let run = g
             .runs
             .get_mut(&run_id)
-            .ok_or_else(|| StoreError::NotFound(run_id.to_string()))?;
+            .ok_or_else(|| StoreError::not_found(Entity::Run, &run_id))?;
         if !run.run.steps.iter().any(|s| s.step_id == step_id) {
-            return Err(StoreError::NotFound(format!("{run_id}/{step_id}")));
+            return Err(StoreError::not_found(
+                Entity::Step,
+                format!("{run_id}/{step_id}"),
+            ));
         }
         if let Some(existing) = run.outcomes.get(&step_id) {
             return Ok(RecordStep::AlreadyRecorded(existing.clone()));
@@ -462,7 +485,10 @@ impl Store for MemoryStore {
             .iter()
             .any(|e| e.escalation_id == escalation.escalation_id)
         {
-            return Err(StoreError::Duplicate(escalation.escalation_id));
+            return Err(StoreError::duplicate(
+                Entity::Escalation,
+                escalation.escalation_id,
+            ));
         }
         let outcome = match g
             .escalations

@@ -94,6 +94,17 @@ pub enum PutOutcome {
         /// The reason code.
         reason: String,
     },
+    /// The write would exceed the owner's [`StorageQuota`]; nothing changed.
+    ///
+    /// [`StorageQuota`]: crate::StorageQuota
+    OverQuota {
+        /// Which limit.
+        quota: crate::QuotaKind,
+        /// The limit.
+        limit: u64,
+        /// What the owner held before the write (records or bytes).
+        used: u64,
+    },
 }
 
 /// A delete request.
@@ -217,8 +228,16 @@ pub struct RunState {
 pub enum CreateRun {
     /// A new run.
     Created,
-    /// A run with this id already exists.
+    /// A run with this id already exists (whatever the quota).
     Existing(Box<RunState>),
+    /// The agent already has `limit` runs in flight (see
+    /// [`RunsInFlight`](crate::RunsInFlight)); nothing was stored.
+    OverQuota {
+        /// The limit.
+        limit: u32,
+        /// Runs in flight when the create was refused.
+        in_flight: u32,
+    },
 }
 
 /// Outcome of [`Store::record_step`](crate::Store::record_step).

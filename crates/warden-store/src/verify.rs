@@ -100,7 +100,7 @@ pub struct VerifyReport {
 
 /// Why an audit log failed verification. [`VerifyError::seq`] names the
 /// first bad entry where there is one.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum VerifyError {
     /// The log could not be read at all.
     #[error(transparent)]

@@ -4,11 +4,12 @@ use serde_json::{Value, json};
 use warden_core::audit::AuditDraft;
 use warden_core::audit::Digest;
 use warden_core::canonical::to_canonical;
-use warden_core::decision::{Reason, Verdict};
+use warden_core::decision::{Decision, Reason, Verdict};
 use warden_core::ids::{AgentId, RunId};
 use warden_core::preflight::{Preflight, PreflightContext, RunContext, admit, preflight};
 use warden_core::sop::Sop;
-use warden_store::{CreateRun, RunRecord, RunStep, Store};
+use warden_core::time::Timestamp;
+use warden_store::{AuditFn, CreateRun, RunRecord, RunStep, RunsInFlight, Store};
 
 use crate::error::{ConflictKind, EngineError};
 
@@ -168,7 +169,38 @@ impl<S: Store> Engine<S> {
             self.create_envelope(envelope.to_record()).await?;
             drafts.push(draft);
         }
-        match self.inner.store.create_run(record.clone(), drafts).await? {
+        // `max_runs_in_flight` is counted in the create's transaction (exact
+        // across servers sharing the store); a refusal records only itself.
+        let limit = self
+            .policy()
+            .quota_for(actor)
+            .and_then(|q| q.max_runs_in_flight)
+            .map(|max| RunsInFlight {
+                max,
+                since: Timestamp(now.0.saturating_sub(self.run_ttl_ms())),
+            });
+        let over = self.decision(
+            &caller,
+            Verdict::Deny,
+            er::QUOTA_MAX_RUNS_IN_FLIGHT,
+            ops::RUN_ADMIT,
+            sop.sop_id.to_string(),
+            now,
+        );
+        let refused = self.draft(&over);
+        let audit: AuditFn<CreateRun> = Box::new(move |o| match o {
+            CreateRun::Created => drafts,
+            CreateRun::Existing(_) => Vec::new(),
+            CreateRun::OverQuota { limit, in_flight } => {
+                vec![refused.with_details(json!({"limit": limit, "in_flight": in_flight}))]
+            }
+        });
+        match self
+            .inner
+            .store
+            .create_run(record.clone(), limit, audit)
+            .await?
+        {
             CreateRun::Created => Ok(Admission::Admitted {
                 run: record,
                 preflight: result,
@@ -177,6 +209,12 @@ impl<S: Store> Engine<S> {
             CreateRun::Existing(state) => {
                 existing_admission(*state, actor, sop_hash, result, &run_id)
             }
+            CreateRun::OverQuota { limit, in_flight } => Ok(Admission::OverQuota {
+                decision: over,
+                limit,
+                in_flight,
+                preflight: result,
+            }),
         }
     }
 }
@@ -218,6 +256,18 @@ pub enum Admission {
     },
     /// Rejected: nothing will run.
     Rejected(Preflight),
+    /// Refused: the agent already has `max_runs_in_flight` runs admitted and
+    /// not finished (recorded; nothing was created).
+    OverQuota {
+        /// The deny decision (`quota_max_runs_in_flight`).
+        decision: Decision,
+        /// The limit.
+        limit: u32,
+        /// Runs in flight when it was refused.
+        in_flight: u32,
+        /// Every step's decision (the SOP itself would have been admitted).
+        preflight: Preflight,
+    },
 }
 
 fn violations_details(v: &[Reason]) -> Value {

@@ -13,7 +13,7 @@ use warden_core::hierarchy::{AgentIdx, AgentSpec, AgentStatus, Hierarchy};
 use warden_core::ids::{ActionName, AgentId};
 use warden_core::memory::Put;
 use warden_core::time::Timestamp;
-use warden_store::{PutOutcome, Store, StoredAgent};
+use warden_store::{PutOutcome, StorageQuota, Store, StoredAgent};
 
 use crate::clock::Clock;
 use crate::error::{ConflictKind, EngineError};
@@ -308,6 +308,7 @@ impl<S: Store> Engine<S> {
                     .put_record(
                         put,
                         now,
+                        StorageQuota::default(),
                         Box::new(move |outcome| match outcome {
                             PutOutcome::Written { .. } => {
                                 vec![AuditDraft::from_decision(&template)]

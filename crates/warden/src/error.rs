@@ -164,11 +164,13 @@ impl EngineError {
 impl From<StoreError> for EngineError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::Duplicate(id) => EngineError::Conflict {
+            StoreError::Duplicate { id, .. } => EngineError::Conflict {
                 kind: ConflictKind::Duplicate,
                 id,
             },
-            e @ StoreError::ReadOnly(_) => EngineError::Unavailable(e),
+            e @ (StoreError::Unavailable { .. } | StoreError::ReadOnly { .. }) => {
+                EngineError::Unavailable(e)
+            }
             other => EngineError::Internal(Box::new(other)),
         }
     }

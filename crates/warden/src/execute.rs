@@ -118,6 +118,10 @@ pub struct RunReport {
     pub steps: Vec<StepReport>,
     /// Whether every step completed.
     pub completed: bool,
+    /// Why an SOP the preflight admitted was not admitted as a run (a
+    /// quota), if so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<Decision>,
 }
 
 impl<S: Store> Engine<S> {
@@ -141,6 +145,21 @@ impl<S: Store> Engine<S> {
                     preflight,
                     steps: Vec::new(),
                     completed: false,
+                    refusal: None,
+                });
+            }
+            Admission::OverQuota {
+                decision,
+                preflight,
+                ..
+            } => {
+                return Ok(RunReport {
+                    run_id: None,
+                    admitted: false,
+                    preflight,
+                    steps: Vec::new(),
+                    completed: false,
+                    refusal: Some(decision),
                 });
             }
             Admission::Admitted { run, preflight, .. } => (run, preflight),
@@ -221,6 +240,7 @@ impl<S: Store> Engine<S> {
             preflight,
             steps: reports,
             completed,
+            refusal: None,
         })
     }
 

@@ -50,8 +50,8 @@ pub use execute::{
     Handler, HandlerCall, HandlerError, HandlerFuture, Handlers, RunReport, StepReport,
 };
 pub use memory::{
-    DeleteResult, QuotaKind, ReadOutcome, ReadStatus, ResolvedValue, WriteOutcome, WriteRequest,
-    WriteStatus,
+    DeleteResult, ReadOutcome, ReadStatus, ResolvedValue, WriteOutcome, WriteRequest, WriteStatus,
+    quota_reason,
 };
 pub use steps::{Completion, StepGate, StepRefusal, StepResult};
 pub use warden_core;

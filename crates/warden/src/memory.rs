@@ -9,7 +9,7 @@ use warden_core::memory::{
     Combinator, Contributor, INVALID_RECORD, MemoryRecord, Put, RecordClass, Resolution,
     Visibility, check_write, resolve,
 };
-use warden_store::{Delete, DeleteOutcome, PutOutcome, Store};
+use warden_store::{Delete, DeleteOutcome, PutOutcome, QuotaKind, StorageQuota, Store};
 
 use crate::error::EngineError;
 
@@ -101,23 +101,11 @@ pub enum WriteStatus {
     Denied,
 }
 
-/// A storage quota of the bundle's `quotas:` section.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum QuotaKind {
-    /// `max_records`: records owned.
-    Records,
-    /// `max_bytes`: bytes of JSON values owned.
-    Bytes,
-}
-
-impl QuotaKind {
-    /// The stable reason code of a write refused by this quota.
-    pub fn reason(self) -> Reason {
-        match self {
-            QuotaKind::Records => er::QUOTA_MAX_RECORDS,
-            QuotaKind::Bytes => er::QUOTA_MAX_BYTES,
-        }
+/// The reason code of a write refused by `quota`.
+pub fn quota_reason(quota: QuotaKind) -> Reason {
+    match quota {
+        QuotaKind::Records => er::QUOTA_MAX_RECORDS,
+        QuotaKind::Bytes => er::QUOTA_MAX_BYTES,
     }
 }
 
@@ -358,12 +346,14 @@ impl<S: Store> Engine<S> {
             now,
         );
         let (a, c, r) = (allow.clone(), conflict.clone(), rejected.clone());
+        let quota = self.storage_quota(actor);
         let outcome = self
             .inner
             .store
             .put_record(
                 put,
                 now,
+                quota,
                 Box::new(move |o| {
                     let d = match o {
                         PutOutcome::Written { record, .. } => {
@@ -378,6 +368,16 @@ impl<S: Store> Engine<S> {
                             reason: Reason::from_string(reason.clone()),
                             ..r
                         },
+                        PutOutcome::OverQuota { quota, limit, used } => {
+                            pre.push(
+                                AuditDraft::from_decision(&Decision {
+                                    reason: quota_reason(*quota),
+                                    ..r
+                                })
+                                .with_details(json!({"limit": limit, "used": used})),
+                            );
+                            return pre;
+                        }
                     };
                     pre.push(AuditDraft::from_decision(&d));
                     pre
@@ -406,7 +406,27 @@ impl<S: Store> Engine<S> {
                 current_revision: None,
                 status: WriteStatus::InvalidRecord,
             },
+            PutOutcome::OverQuota { quota, limit, used } => WriteOutcome {
+                decision: Decision {
+                    reason: quota_reason(quota),
+                    ..rejected
+                },
+                record: None,
+                current_revision: None,
+                status: WriteStatus::OverQuota { quota, limit, used },
+            },
         })
+    }
+
+    /// The bundle's storage quota for `owner` (records and bytes it may hold),
+    /// checked by the store inside the write's transaction.
+    pub(crate) fn storage_quota(&self, owner: &AgentId) -> StorageQuota {
+        self.policy()
+            .quota_for(owner)
+            .map_or_else(StorageQuota::default, |q| StorageQuota {
+                max_records: q.max_records,
+                max_bytes: q.max_bytes,
+            })
     }
 
     /// Delete one of the caller's own records.

@@ -65,7 +65,7 @@ async fn duplicate_agent_is_rejected_and_changes_nothing() {
         .insert_agent(other, register("root"))
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::Duplicate(_)), "{err:?}");
+    assert!(matches!(err, StoreError::Duplicate { .. }), "{err:?}");
     assert_eq!(
         store.load_agents().await.unwrap(),
         vec![agent("root", None)]
@@ -120,7 +120,7 @@ async fn status_changes_are_atomic() {
         .await
         .unwrap_err();
     assert!(
-        matches!(err, StoreError::NotFound(ref m) if m == "ghost"),
+        matches!(err, StoreError::NotFound { ref id, .. } if id == "ghost"),
         "{err:?}"
     );
     assert_eq!(
@@ -177,7 +177,7 @@ async fn capabilities_are_replaced() {
         .set_agent_capabilities(id("ghost"), caps, audit("ghost"))
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::NotFound(_)), "{err:?}");
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
     assert_eq!(head_count(&store).await, 3);
     assert_chain(&store).await;
 }
@@ -264,12 +264,12 @@ async fn duplicate_token_id_or_hash_is_rejected() {
         .insert_token(token("tok-2", "s1", TokenSubject::Agent(id("a"))), audit())
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::Duplicate(_)), "{err:?}");
+    assert!(matches!(err, StoreError::Duplicate { .. }), "{err:?}");
     let err = store
         .insert_token(token("tok-1", "s2", TokenSubject::Operator), audit())
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::Duplicate(_)), "{err:?}");
+    assert!(matches!(err, StoreError::Duplicate { .. }), "{err:?}");
     assert_eq!(store.find_token(Digest::of(b"s2")).await.unwrap(), None);
     assert_eq!(store.find_token(t.hash).await.unwrap(), Some(t));
     assert_eq!(head_count(&store).await, 0);

@@ -104,7 +104,7 @@ async fn only_committed_agent_and_token_changes_are_changes() {
         .unwrap();
     assert!(matches!(
         b.insert_agent(agent("root", None), register("root")).await,
-        Err(StoreError::Duplicate(_))
+        Err(StoreError::Duplicate { .. })
     ));
     assert!(
         b.set_agent_status(vec![id("ghost")], AgentStatus::Revoked, vec![])
@@ -115,6 +115,7 @@ async fn only_committed_agent_and_token_changes_are_changes() {
     b.put_record(
         put("root", "ns", "k", serde_json::json!(1), None),
         Timestamp(1),
+        warden_store::StorageQuota::default(),
         put_audit("root", "k", 0),
     )
     .await

@@ -27,6 +27,7 @@ async fn sixteen_writers_same_revision_exactly_one_wins() {
         .put_record(
             put("a", "ns", "k", json!("start"), Some(0)),
             Timestamp(1),
+            warden_store::StorageQuota::default(),
             put_audit("a", "ns.k", 1000),
         )
         .await
@@ -48,6 +49,7 @@ async fn sixteen_writers_same_revision_exactly_one_wins() {
                 .put_record(
                     put("a", "ns", "k", json!({"writer": i}), Some(1)),
                     Timestamp(2),
+                    warden_store::StorageQuota::default(),
                     put_audit("a", "ns.k", i as u64),
                 )
                 .await
@@ -120,6 +122,7 @@ async fn sixteen_writers_one_pool_exactly_one_wins() {
         .put_record(
             put("a", "ns", "k", json!(0), Some(0)),
             Timestamp(1),
+            warden_store::StorageQuota::default(),
             put_audit("a", "ns.k", 1000),
         )
         .await
@@ -134,6 +137,7 @@ async fn sixteen_writers_one_pool_exactly_one_wins() {
                 .put_record(
                     put("a", "ns", "k", json!(i), Some(1)),
                     Timestamp(2),
+                    warden_store::StorageQuota::default(),
                     put_audit("a", "ns.k", i as u64),
                 )
                 .await
@@ -168,6 +172,7 @@ async fn racing_creates_exactly_one_creates() {
                 .put_record(
                     put("a", "ns", "new", json!(i), Some(0)),
                     Timestamp(1),
+                    warden_store::StorageQuota::default(),
                     put_audit("a", "ns.new", i),
                 )
                 .await
@@ -199,6 +204,7 @@ async fn two_instances_share_one_verifiable_chain() {
     a.put_record(
         put("root", "ns", "counter", json!(0), Some(0)),
         Timestamp(1),
+        warden_store::StorageQuota::default(),
         put_audit("root", "ns.counter", 0),
     )
     .await
@@ -220,7 +226,7 @@ async fn two_instances_share_one_verifiable_chain() {
                 let dup = store
                     .insert_agent(agent(&name, None), register("dup"))
                     .await;
-                assert!(matches!(dup, Err(StoreError::Duplicate(_))));
+                assert!(matches!(dup, Err(StoreError::Duplicate { .. })));
                 for i in 0..INCREMENTS {
                     loop {
                         let current = get_one(&store, "root", "ns", "counter").await.unwrap();
@@ -229,6 +235,7 @@ async fn two_instances_share_one_verifiable_chain() {
                             .put_record(
                                 put("root", "ns", "counter", json!(next), Some(current.revision)),
                                 Timestamp(2),
+                                warden_store::StorageQuota::default(),
                                 put_audit("root", "ns.counter", next),
                             )
                             .await

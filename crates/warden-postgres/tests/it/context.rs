@@ -442,7 +442,7 @@ async fn errors_change_nothing_and_the_schema_guards_transitions() {
         .put_escalation(escalation("esc-g", step_target("other")), one_entry("q"))
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::Duplicate(_)), "{err:?}");
+    assert!(matches!(err, StoreError::Duplicate { .. }), "{err:?}");
     assert_eq!(head_count(&store).await, 1);
     assert_eq!(store.list_escalations(None).await.unwrap().len(), 1);
 

@@ -52,6 +52,7 @@ async fn crash_child() {
                     Some(0),
                 ),
                 Timestamp(1),
+                warden_store::StorageQuota::default(),
                 put_audit("writer", &format!("crash.{k}"), i),
             )
             .await

@@ -23,6 +23,7 @@ mod context;
 mod crash;
 mod memory;
 mod migrations;
+mod quotas;
 mod runs;
 
 /// The shared storage suite (`warden_store::conformance`), one test per

@@ -88,7 +88,12 @@ async fn every_class_and_json_value_round_trips() {
         };
         let at = Timestamp(100 + i as i64);
         let outcome = store
-            .put_record(p, at, put_audit("owner", k, i as u64))
+            .put_record(
+                p,
+                at,
+                warden_store::StorageQuota::default(),
+                put_audit("owner", k, i as u64),
+            )
             .await
             .unwrap();
         let expected = MemoryRecord {
@@ -116,6 +121,7 @@ async fn every_class_and_json_value_round_trips() {
         .put_record(
             put("owner", "ns", "plain", json!(1), None),
             Timestamp(1),
+            warden_store::StorageQuota::default(),
             put_audit("owner", "plain", 99),
         )
         .await
@@ -137,6 +143,7 @@ async fn create_only_put_conflicts_once_the_record_exists() {
         .put_record(
             put("a", "ns", "k", json!("first"), Some(0)),
             Timestamp(1),
+            warden_store::StorageQuota::default(),
             put_audit("a", "ns.k", 1),
         )
         .await
@@ -148,6 +155,7 @@ async fn create_only_put_conflicts_once_the_record_exists() {
         .put_record(
             put("a", "ns", "k", json!("second"), Some(0)),
             Timestamp(2),
+            warden_store::StorageQuota::default(),
             put_audit("a", "ns.k", 2),
         )
         .await
@@ -182,6 +190,7 @@ async fn stale_revision_conflicts_and_reports_the_current_one() {
         store.put_record(
             put("a", "ns", "k", v, e),
             Timestamp(t),
+            warden_store::StorageQuota::default(),
             put_audit("a", "ns.k", tag),
         )
     };
@@ -211,6 +220,7 @@ async fn stale_revision_conflicts_and_reports_the_current_one() {
         .put_record(
             put("a", "ns", "other", json!(0), Some(7)),
             Timestamp(5),
+            warden_store::StorageQuota::default(),
             put_audit("a", "ns.other", 5),
         )
         .await
@@ -249,7 +259,12 @@ async fn unconditional_put_keeps_class_visibility_and_creation_time() {
         ..put("a", "ns", "k", json!(1), None)
     };
     store
-        .put_record(p, Timestamp(10), put_audit("a", "ns.k", 1))
+        .put_record(
+            p,
+            Timestamp(10),
+            warden_store::StorageQuota::default(),
+            put_audit("a", "ns.k", 1),
+        )
         .await
         .unwrap();
     for i in 2..=4u64 {
@@ -257,6 +272,7 @@ async fn unconditional_put_keeps_class_visibility_and_creation_time() {
             .put_record(
                 put("a", "ns", "k", json!(i), None),
                 Timestamp(10 * i as i64),
+                warden_store::StorageQuota::default(),
                 put_audit("a", "ns.k", i),
             )
             .await
@@ -285,7 +301,12 @@ async fn unconditional_put_keeps_class_visibility_and_creation_time() {
         ..put("a", "ns", "k", json!("x"), Some(4))
     };
     store
-        .put_record(p, Timestamp(50), put_audit("a", "ns.k", 5))
+        .put_record(
+            p,
+            Timestamp(50),
+            warden_store::StorageQuota::default(),
+            put_audit("a", "ns.k", 5),
+        )
         .await
         .unwrap();
     let stored = get_one(&store, "a", "ns", "k").await.unwrap();
@@ -309,7 +330,12 @@ async fn class_rejection_is_an_audited_outcome_that_changes_nothing() {
         ..put("a", "policy", "upload", json!(false), Some(0))
     };
     store
-        .put_record(p, Timestamp(1), put_audit("a", "policy.upload", 1))
+        .put_record(
+            p,
+            Timestamp(1),
+            warden_store::StorageQuota::default(),
+            put_audit("a", "policy.upload", 1),
+        )
         .await
         .unwrap();
     // Keeping the class, the new value must still fit the combinator.
@@ -317,6 +343,7 @@ async fn class_rejection_is_an_audited_outcome_that_changes_nothing() {
         .put_record(
             put("a", "policy", "upload", json!(5), Some(1)),
             Timestamp(2),
+            warden_store::StorageQuota::default(),
             put_audit("a", "policy.upload", 2),
         )
         .await
@@ -339,7 +366,12 @@ async fn class_rejection_is_an_audited_outcome_that_changes_nothing() {
         ..put("a", "credentials", "token", json!("x"), None)
     };
     let outcome = store
-        .put_record(p, Timestamp(3), put_audit("a", "credentials.token", 3))
+        .put_record(
+            p,
+            Timestamp(3),
+            warden_store::StorageQuota::default(),
+            put_audit("a", "credentials.token", 3),
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -358,7 +390,12 @@ async fn class_rejection_is_an_audited_outcome_that_changes_nothing() {
         ..put("a", "policy", "upload", json!(7), Some(0))
     };
     let outcome = store
-        .put_record(p, Timestamp(4), put_audit("a", "policy.upload", 4))
+        .put_record(
+            p,
+            Timestamp(4),
+            warden_store::StorageQuota::default(),
+            put_audit("a", "policy.upload", 4),
+        )
         .await
         .unwrap();
     assert_eq!(outcome, PutOutcome::Conflict { current: Some(1) });
@@ -393,6 +430,7 @@ async fn an_audit_fn_returning_nothing_appends_nothing() {
         .put_record(
             put("a", "ns", "k", json!(1), None),
             Timestamp(1),
+            warden_store::StorageQuota::default(),
             Box::new(|_| Vec::new()),
         )
         .await
@@ -420,6 +458,7 @@ async fn get_records_follows_the_owner_order_and_exact_key() {
             .put_record(
                 put(owner, namespace, k, json!(owner), None),
                 Timestamp(1),
+                warden_store::StorageQuota::default(),
                 put_audit(owner, k, 0),
             )
             .await
@@ -482,6 +521,7 @@ async fn delete_semantics_and_recreation() {
             .put_record(
                 put("a", "ns", "k", json!(v), None),
                 Timestamp(1),
+                warden_store::StorageQuota::default(),
                 put_audit("a", "ns.k", v),
             )
             .await
@@ -491,6 +531,7 @@ async fn delete_semantics_and_recreation() {
         .put_record(
             put("b", "ns", "k", json!("b"), None),
             Timestamp(1),
+            warden_store::StorageQuota::default(),
             put_audit("b", "ns.k", 9),
         )
         .await
@@ -526,6 +567,7 @@ async fn delete_semantics_and_recreation() {
         .put_record(
             put("a", "ns", "k", json!("again"), Some(0)),
             Timestamp(5),
+            warden_store::StorageQuota::default(),
             put_audit("a", "ns.k", 10),
         )
         .await
@@ -567,6 +609,7 @@ async fn owner_usage_counts_records_and_value_bytes() {
             .put_record(
                 put("a", "ns", &format!("k{i}"), v.clone(), None),
                 Timestamp(1),
+                warden_store::StorageQuota::default(),
                 put_audit("a", "k", 0),
             )
             .await
@@ -576,6 +619,7 @@ async fn owner_usage_counts_records_and_value_bytes() {
         .put_record(
             put("b", "ns", "k0", json!(true), None),
             Timestamp(1),
+            warden_store::StorageQuota::default(),
             put_audit("b", "k", 0),
         )
         .await

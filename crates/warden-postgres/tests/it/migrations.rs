@@ -53,6 +53,7 @@ async fn four_concurrent_starts_migrate_once() {
             .put_record(
                 put("a", "ns", &format!("k{i}"), json!(i), Some(0)),
                 Timestamp(1),
+                warden_store::StorageQuota::default(),
                 put_audit("a", "k", 0),
             )
             .await
@@ -139,7 +140,7 @@ async fn foreign_tables_are_not_adopted() {
     let err = PgStore::connect_in_schema(&scratch.url, &scratch.schema)
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
     assert_eq!(count_tables(&sql, &scratch.schema).await, 1);
 }
 
@@ -169,7 +170,7 @@ async fn only_postgres_urls_and_plain_schema_names_are_accepted() {
     assert!(!is_postgres_url("sqlite://warden.db"));
     let err = PgStore::connect("sqlite://warden.db").await.unwrap_err();
     assert!(
-        matches!(err, StoreError::Backend(ref m) if m.contains("postgres://")),
+        matches!(err, StoreError::Backend { ref source } if source.to_string().contains("postgres://")),
         "{err:?}"
     );
     for bad in [
@@ -183,7 +184,7 @@ async fn only_postgres_urls_and_plain_schema_names_are_accepted() {
         let err = PgStore::connect_in_schema("postgres://nobody@127.0.0.1:1/none", bad)
             .await
             .unwrap_err();
-        assert!(matches!(err, StoreError::Backend(_)), "{bad}: {err:?}");
+        assert!(matches!(err, StoreError::Backend { .. }), "{bad}: {err:?}");
     }
 }
 
@@ -317,4 +318,105 @@ async fn a_version_1_database_migrates_with_data_intact() {
         .await
         .unwrap();
     assert_chain(&stores[1]).await;
+}
+
+/// The version 2 schema, exactly as a version 2 build created it.
+const V2_SQL: &str = include_str!("../../src/migrations/0002_context.sql");
+
+/// A database at version 2 (before runs in flight were stored) migrates to
+/// version 3 on connect: runs already finished are marked (a step that did
+/// not complete, every step recorded, no steps), the others count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_2_database_marks_its_finished_runs() {
+    use warden_core::audit::Digest;
+    use warden_core::ids::{RunId, StepId};
+    use warden_store::{CreateRun, RunRecord, RunStep, RunsInFlight, audit_if_created};
+
+    let scratch = scratch_or_skip!();
+    let raw = raw_client(&scratch.url).await;
+    raw.batch_execute(&format!("CREATE SCHEMA \"{}\"", scratch.schema))
+        .await
+        .unwrap();
+    let sql = scratch.client().await;
+    sql.batch_execute(V1_SQL).await.unwrap();
+    sql.batch_execute(V2_SQL).await.unwrap();
+    sql.batch_execute(
+        "INSERT INTO warden_meta (schema_version) VALUES (2);
+         INSERT INTO runs (run_id, agent, sop_hash, sop, policy_version, created_at)
+           SELECT r, 'kid', decode(repeat('cd', 32), 'hex'), '{}', 'v2', 7
+           FROM unnest(ARRAY['open', 'done', 'failed', 'denied', 'empty']) AS r;
+         INSERT INTO run_steps (run_id, ord, step_id, action, operation_id, status, labels,
+                                recorded_at)
+           VALUES ('open', 0, 'a', 'x', 'o:a', 'completed', '{}', 10),
+                  ('open', 1, 'b', 'x', 'o:b', NULL, NULL, NULL),
+                  ('done', 0, 'a', 'x', 'd:a', 'completed', '{}', 10),
+                  ('done', 1, 'b', 'x', 'd:b', 'completed', '{}', 11),
+                  ('failed', 0, 'a', 'x', 'f:a', 'failed', '{}', 10),
+                  ('failed', 1, 'b', 'x', 'f:b', NULL, NULL, NULL),
+                  ('denied', 0, 'a', 'x', 'n:a', 'denied', '{}', 10);",
+    )
+    .await
+    .unwrap();
+    let store = PgStore::connect_in_schema(&scratch.url, &scratch.schema)
+        .await
+        .unwrap();
+    let version: i64 = sql
+        .query_one("SELECT schema_version FROM warden_meta", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, SCHEMA_VERSION);
+    let finished: Vec<(String, Option<i64>)> = sql
+        .query("SELECT run_id, finished_at FROM runs ORDER BY run_id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        finished,
+        vec![
+            ("denied".to_string(), Some(10)),
+            ("done".to_string(), Some(11)),
+            ("empty".to_string(), Some(7)),
+            ("failed".to_string(), Some(10)),
+            ("open".to_string(), None),
+        ]
+    );
+    let run = RunRecord {
+        run_id: RunId::parse("new-1").unwrap(),
+        agent: id("kid"),
+        sop_hash: Digest::of(b"sop"),
+        sop: json!({}),
+        steps: vec![RunStep {
+            step_id: StepId::parse("a").unwrap(),
+            action: action("artifact.save"),
+            operation_id: "new-1:a".into(),
+        }],
+        policy_version: "p".into(),
+        created_at: Timestamp(20),
+        envelope_id: None,
+    };
+    let limit = |max| {
+        Some(RunsInFlight {
+            max,
+            since: Timestamp(0),
+        })
+    };
+    let o = store
+        .create_run(run.clone(), limit(1), audit_if_created(vec![]))
+        .await
+        .unwrap();
+    assert_eq!(
+        o,
+        CreateRun::OverQuota {
+            limit: 1,
+            in_flight: 1
+        }
+    );
+    let o = store
+        .create_run(run, limit(2), audit_if_created(vec![]))
+        .await
+        .unwrap();
+    assert_eq!(o, CreateRun::Created);
 }

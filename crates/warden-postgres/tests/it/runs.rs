@@ -9,7 +9,7 @@ use warden_core::decision::Verdict;
 use warden_core::ids::{Label, RunId, StepId};
 use warden_core::time::Timestamp;
 use warden_store::{
-    CreateRun, RecordStep, RunRecord, RunStep, StepOutcome, StepStatus, Store, StoreError,
+    CreateRun, Entity, RecordStep, RunRecord, RunStep, StepOutcome, StepStatus, Store, StoreError,
 };
 
 use crate::support::*;
@@ -78,7 +78,14 @@ async fn runs_are_created_once_and_read_back() {
     let store = scratch.store().await;
     let run = sample_run("run-1", Digest::of(b"sop"));
     assert_eq!(
-        store.create_run(run.clone(), admit("run-1")).await.unwrap(),
+        store
+            .create_run(
+                run.clone(),
+                None,
+                warden_store::audit_if_created(admit("run-1"))
+            )
+            .await
+            .unwrap(),
         CreateRun::Created
     );
     assert_eq!(head_count(&store).await, 1);
@@ -88,7 +95,8 @@ async fn runs_are_created_once_and_read_back() {
     match store
         .create_run(
             sample_run("run-1", Digest::of(b"another sop")),
-            admit("run-1"),
+            None,
+            warden_store::audit_if_created(admit("run-1")),
         )
         .await
         .unwrap()
@@ -101,7 +109,10 @@ async fn runs_are_created_once_and_read_back() {
     let mut empty = sample_run("run-empty", Digest::of(b"sop"));
     empty.steps.clear();
     assert_eq!(
-        store.create_run(empty.clone(), vec![]).await.unwrap(),
+        store
+            .create_run(empty.clone(), None, warden_store::audit_if_created(vec![]))
+            .await
+            .unwrap(),
         CreateRun::Created
     );
     assert_eq!(
@@ -121,7 +132,11 @@ async fn a_step_outcome_is_recorded_exactly_once() {
     let scratch = scratch_or_skip!();
     let store = scratch.store().await;
     store
-        .create_run(sample_run("run-1", Digest::of(b"sop")), vec![])
+        .create_run(
+            sample_run("run-1", Digest::of(b"sop")),
+            None,
+            warden_store::audit_if_created(vec![]),
+        )
         .await
         .unwrap();
     let audit = |s: &str| {
@@ -176,7 +191,11 @@ async fn a_step_outcome_is_recorded_exactly_once() {
     assert_eq!(state.outcomes.get(&step_id("s1")), Some(&first));
     assert_eq!(state.outcomes.get(&step_id("s3")), Some(&denied));
     match store
-        .create_run(sample_run("run-1", Digest::of(b"sop")), vec![])
+        .create_run(
+            sample_run("run-1", Digest::of(b"sop")),
+            None,
+            warden_store::audit_if_created(vec![]),
+        )
         .await
         .unwrap()
     {
@@ -192,7 +211,11 @@ async fn unknown_run_or_step_is_not_found_and_appends_nothing() {
     let scratch = scratch_or_skip!();
     let store = scratch.store().await;
     store
-        .create_run(sample_run("run-1", Digest::of(b"sop")), vec![])
+        .create_run(
+            sample_run("run-1", Digest::of(b"sop")),
+            None,
+            warden_store::audit_if_created(vec![]),
+        )
         .await
         .unwrap();
     let audit = || {
@@ -208,12 +231,12 @@ async fn unknown_run_or_step_is_not_found_and_appends_nothing() {
         .record_step(run_id("ghost"), step_id("s1"), completed(json!(1)), audit())
         .await
         .unwrap_err();
-    assert_eq!(err, StoreError::NotFound("ghost".into()));
+    assert_eq!(err, StoreError::not_found(Entity::Run, "ghost"));
     let err = store
         .record_step(run_id("run-1"), step_id("s9"), completed(json!(1)), audit())
         .await
         .unwrap_err();
-    assert_eq!(err, StoreError::NotFound("run-1/s9".into()));
+    assert_eq!(err, StoreError::not_found(Entity::Step, "run-1/s9"));
     assert_eq!(head_count(&store).await, 0);
 }
 
@@ -234,7 +257,8 @@ async fn racing_recorders_and_creators_exactly_once() {
             let created = store
                 .create_run(
                     sample_run("run-x", Digest::of(format!("sop-{i}").as_bytes())),
-                    admit("run-x"),
+                    None,
+                    warden_store::audit_if_created(admit("run-x")),
                 )
                 .await
                 .unwrap();

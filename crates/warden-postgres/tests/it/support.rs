@@ -290,9 +290,10 @@ impl Store for ScratchStore {
         &self,
         put: Put,
         now: Timestamp,
+        quota: warden_store::StorageQuota,
         audit: AuditFn<PutOutcome>,
     ) -> Result<PutOutcome, warden_store::StoreError> {
-        self.store.put_record(put, now, audit).await
+        self.store.put_record(put, now, quota, audit).await
     }
     async fn delete_record(
         &self,
@@ -326,9 +327,10 @@ impl Store for ScratchStore {
     async fn create_run(
         &self,
         run: warden_store::RunRecord,
-        audit: Vec<AuditDraft>,
+        limit: Option<warden_store::RunsInFlight>,
+        audit: AuditFn<warden_store::CreateRun>,
     ) -> Result<warden_store::CreateRun, warden_store::StoreError> {
-        self.store.create_run(run, audit).await
+        self.store.create_run(run, limit, audit).await
     }
     async fn get_run(
         &self,
@@ -497,30 +499,7 @@ pub fn put(owner: &str, namespace: &str, k: &str, value: Value, expected: Option
     }
 }
 
-/// Records a put's outcome as the engine does; `tag` goes into the details.
-pub fn put_audit(subject: &str, resource: &str, tag: u64) -> AuditFn<PutOutcome> {
-    let subject = subject.to_string();
-    let resource = resource.to_string();
-    Box::new(move |outcome: &PutOutcome| {
-        let (verdict, reason, details) = match outcome {
-            PutOutcome::Written { record, created } => (
-                Verdict::Allow,
-                "owner_write".to_string(),
-                json!({"tag": tag, "revision": record.revision, "created": created}),
-            ),
-            PutOutcome::Conflict { current } => (
-                Verdict::Deny,
-                "revision_conflict".to_string(),
-                json!({"tag": tag, "current": current}),
-            ),
-            PutOutcome::Rejected { reason } => (Verdict::Deny, reason.clone(), json!({"tag": tag})),
-        };
-        vec![AuditDraft {
-            details,
-            ..draft(&subject, "memory.write", &resource, verdict, &reason)
-        }]
-    })
-}
+pub use warden_store::conformance::put_audit;
 
 pub fn delete_audit(subject: &str, resource: &str) -> AuditFn<DeleteOutcome> {
     let subject = subject.to_string();

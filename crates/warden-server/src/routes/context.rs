@@ -20,7 +20,7 @@ use warden_core::envelope::sign::SignedEnvelope;
 use warden_core::envelope::{ContextPolicy, MAX_JUSTIFICATION_BYTES};
 use warden_core::ids::{Label, RunId};
 use warden_core::time::Timestamp;
-use warden_store::{EscalationStatus, EscalationTarget, RunRecord, Store};
+use warden_store::{RunRecord, Store};
 
 use super::PathParams;
 use super::memory::invalid_query;
@@ -431,13 +431,5 @@ pub(crate) async fn reject<S: Store>(
         .engine()
         .reject_escalation(&id, &caller, &req.reason)
         .await?;
-    if out.decision.reason == warden::engine_reasons::ESCALATION_REJECTED
-        && out.escalation.status == EscalationStatus::Rejected
-        && let EscalationTarget::Step { run_id, .. } = &out.escalation.target
-        && let Some(state) = st.engine().store().get_run(run_id.clone()).await?
-    {
-        // The run stopped: it no longer counts against `max_runs_in_flight`.
-        st.shared.quotas.run_finished(&state.run.agent, run_id);
-    }
     review_reply(&caller, out)
 }

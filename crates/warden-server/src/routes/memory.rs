@@ -8,11 +8,11 @@
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
-use serde_json::{Value, json};
+use serde_json::json;
 use warden::{ReadStatus, WriteRequest, WriteStatus};
 use warden_core::bundle::ClassName;
 use warden_core::decision::Decision;
-use warden_core::ids::{AgentId, Key, Namespace};
+use warden_core::ids::{Key, Namespace};
 use warden_core::memory::RecordClass;
 use warden_core::time::Timestamp;
 use warden_store::Store;
@@ -21,7 +21,6 @@ use super::PathParams;
 use crate::auth::AgentCaller;
 use crate::body::JsonBody;
 use crate::error::{ApiError, ApiResult};
-use crate::quota::{QUOTA_MAX_BYTES, QUOTA_MAX_RECORDS};
 use crate::state::AppState;
 use crate::wire::{
     DeleteMemoryQuery, MemoryDeletedResponse, MemoryValueResponse, MemoryWrittenResponse,
@@ -131,80 +130,6 @@ fn requested_class(req: &PutMemoryRequest) -> ApiResult<Option<RecordClass>> {
     })
 }
 
-fn encoded_len(v: &Value) -> u64 {
-    serde_json::to_vec(v).map_or(u64::MAX, |b| b.len() as u64)
-}
-
-/// Check `max_records` / `max_bytes` before a write of `value` at
-/// `namespace.key` in `agent`'s own scope. Call with the agent's writer
-/// lock held.
-pub(crate) async fn check_storage_quota<S: Store>(
-    st: &AppState<S>,
-    agent: &AgentId,
-    namespace: &Namespace,
-    key: &Key,
-    value_len: u64,
-) -> ApiResult<()> {
-    let Some(quota) = st.engine().policy().quota_for(agent) else {
-        return Ok(());
-    };
-    if quota.max_records.is_none() && quota.max_bytes.is_none() {
-        return Ok(());
-    }
-    let store = st.engine().store();
-    let usage = store.owner_usage(agent.clone()).await?;
-    let existing = store
-        .get_records(namespace.clone(), key.clone(), vec![agent.clone()])
-        .await?;
-    let old_len = existing.first().map(|r| encoded_len(&r.value));
-    let resource = format!("{agent}:{namespace}.{key}");
-    let caller = warden::Caller::Agent(agent.clone());
-    let refuse = |reason: &'static str, limit: u64, used: u64| {
-        ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            reason,
-            format!("the write would exceed the agent's quota ({reason})"),
-        )
-        .with_details(json!({"limit": limit, "used": used}))
-    };
-    if let (None, Some(max)) = (old_len, quota.max_records)
-        && usage.records.saturating_add(1) > max
-    {
-        let err = refuse(QUOTA_MAX_RECORDS, max, usage.records);
-        return Err(st
-            .deny(
-                &caller,
-                warden::ops::MEMORY_WRITE,
-                resource,
-                QUOTA_MAX_RECORDS,
-                err,
-            )
-            .await);
-    }
-    let old = old_len.unwrap_or(0);
-    if let Some(max) = quota.max_bytes
-        && value_len > old
-        && usage.bytes.saturating_sub(old).saturating_add(value_len) > max
-    {
-        let err = refuse(QUOTA_MAX_BYTES, max, usage.bytes);
-        return Err(st
-            .deny(
-                &caller,
-                warden::ops::MEMORY_WRITE,
-                resource,
-                QUOTA_MAX_BYTES,
-                err,
-            )
-            .await);
-    }
-    Ok(())
-}
-
-/// Whether `agent` holds `action` (a pure lookup, not recorded).
-pub(crate) fn holds<S: Store>(st: &AppState<S>, agent: &AgentId, action: &str) -> ApiResult<bool> {
-    Ok(st.engine().check_capability(agent, action)?.permits())
-}
-
 /// `PUT /v1/memory/{namespace}/{key}` (agent).
 pub(crate) async fn write<S: Store>(
     State(st): State<AppState<S>>,
@@ -214,7 +139,7 @@ pub(crate) async fn write<S: Store>(
 ) -> ApiResult<Reply<MemoryWrittenResponse>> {
     let (ns, key) = path_key(&path)?;
     let max = st.config().limits.max_value_bytes;
-    let value_len = encoded_len(&req.value);
+    let value_len = warden_store::encoded_len(&req.value);
     if value_len > max as u64 {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -224,16 +149,6 @@ pub(crate) async fn write<S: Store>(
         .with_details(json!({"field": "value", "max_bytes": max})));
     }
     let class = requested_class(&req)?;
-    let own_scope = req.owner_agent_id.as_ref().is_none_or(|o| o == &me);
-    // Quotas apply to writes that would otherwise go ahead.
-    let _guard = if own_scope && holds(&st, &me, warden::ops::MEMORY_WRITE)? {
-        let lock = st.shared.quotas.writer(&me);
-        let guard = lock.lock_owned().await;
-        check_storage_quota(&st, &me, &ns, &key, value_len).await?;
-        Some(guard)
-    } else {
-        None
-    };
     let out = st
         .engine()
         .write(

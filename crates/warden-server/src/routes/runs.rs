@@ -10,10 +10,10 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde_json::{Value, json};
-use warden::{Admission, Caller, Completion, StepGate, StepRefusal, StepResult};
-use warden_core::ids::{AgentId, RunId, StepId};
+use warden::{Admission, Completion, StepGate, StepRefusal, StepResult};
+use warden_core::ids::{RunId, StepId};
 use warden_core::sop::{Sop, sop_from_value};
-use warden_store::{StepStatus, Store};
+use warden_store::Store;
 
 use super::PathParams;
 use crate::auth::AgentCaller;
@@ -60,47 +60,6 @@ pub(crate) async fn admit<S: Store>(
     JsonBody(req): JsonBody<AdmitRunRequest>,
 ) -> ApiResult<Reply<RunAdmittedResponse>> {
     let sop = parse_sop(&st, &req.sop)?;
-    let max_runs = st
-        .engine()
-        .policy()
-        .quota_for(&me)
-        .and_then(|q| q.max_runs_in_flight);
-    let _guard = match max_runs {
-        None => None,
-        Some(max) => {
-            let lock = st.shared.quotas.writer(&me);
-            let guard = lock.lock_owned().await;
-            let ttl = i64::try_from(st.config().run_ttl.as_millis()).unwrap_or(i64::MAX);
-            let in_flight = st.shared.quotas.runs_in_flight(&me, st.now_ms(), ttl);
-            let reused = match &req.run_id {
-                Some(id) => st
-                    .engine()
-                    .store()
-                    .get_run(id.clone())
-                    .await?
-                    .is_some_and(|r| r.run.agent == me),
-                None => false,
-            };
-            if !reused && in_flight >= max as usize {
-                let err = ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    QUOTA_MAX_RUNS_IN_FLIGHT,
-                    format!("the agent already has {in_flight} runs in flight (limit {max})"),
-                )
-                .with_details(json!({"limit": max, "in_flight": in_flight}));
-                return Err(st
-                    .deny(
-                        &Caller::Agent(me.clone()),
-                        warden::ops::RUN_ADMIT,
-                        sop.sop_id.to_string(),
-                        QUOTA_MAX_RUNS_IN_FLIGHT,
-                        err,
-                    )
-                    .await);
-            }
-            Some(guard)
-        }
-    };
     match st.engine().admit_run(&me, &sop, req.run_id).await? {
         Admission::Rejected(preflight) => Err(ApiError::forbidden(
             "sop_rejected",
@@ -117,36 +76,39 @@ pub(crate) async fn admit<S: Store>(
             "admitted": false,
             "decisions": step_decisions(&preflight),
         }))),
+        Admission::OverQuota {
+            limit, in_flight, ..
+        } => Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            QUOTA_MAX_RUNS_IN_FLIGHT,
+            format!("the agent already has {in_flight} runs in flight (limit {limit})"),
+        )
+        .with_details(json!({"limit": limit, "in_flight": in_flight}))),
         Admission::Admitted {
             run,
             preflight,
             existing,
-        } => {
-            if !existing {
-                st.shared.quotas.run_admitted(&me, &run.run_id, st.now_ms());
-            }
-            Ok(Reply(
-                if existing {
-                    StatusCode::OK
-                } else {
-                    StatusCode::CREATED
-                },
-                RunAdmittedResponse {
-                    run_id: run.run_id,
-                    existing,
-                    steps: run
-                        .steps
-                        .into_iter()
-                        .map(|s| RunStepBody {
-                            step_id: s.step_id,
-                            action: s.action,
-                            operation_id: s.operation_id,
-                        })
-                        .collect(),
-                    decisions: step_decisions(&preflight),
-                },
-            ))
-        }
+        } => Ok(Reply(
+            if existing {
+                StatusCode::OK
+            } else {
+                StatusCode::CREATED
+            },
+            RunAdmittedResponse {
+                run_id: run.run_id,
+                existing,
+                steps: run
+                    .steps
+                    .into_iter()
+                    .map(|s| RunStepBody {
+                        step_id: s.step_id,
+                        action: s.action,
+                        operation_id: s.operation_id,
+                    })
+                    .collect(),
+                decisions: step_decisions(&preflight),
+            },
+        )),
     }
 }
 
@@ -155,26 +117,6 @@ fn run_step(path: &PathParams) -> ApiResult<(RunId, StepId)> {
         path.ident("run", RunId::parse)?,
         path.ident("step", StepId::parse)?,
     ))
-}
-
-/// Forget a finished run in the in-flight count.
-async fn refresh_run<S: Store>(st: &AppState<S>, agent: &AgentId, run: &RunId) -> ApiResult<()> {
-    let Some(state) = st.engine().store().get_run(run.clone()).await? else {
-        return Ok(());
-    };
-    let stopped = state
-        .outcomes
-        .values()
-        .any(|o| o.status != StepStatus::Completed);
-    let all_done = state
-        .run
-        .steps
-        .iter()
-        .all(|s| state.outcomes.contains_key(&s.step_id));
-    if stopped || all_done {
-        st.shared.quotas.run_finished(agent, run);
-    }
-    Ok(())
 }
 
 /// `POST /v1/runs/{run}/steps/{step}/begin` (agent): the per-step gate.
@@ -213,7 +155,6 @@ pub(crate) async fn begin<S: Store>(
             "escalation_id": escalation_id,
         }))),
         StepGate::Refused { decision, refusal } => {
-            refresh_run(&st, &me, &run).await?;
             let reason = decision.reason.kind().to_owned();
             let (status, code) = match refusal {
                 StepRefusal::OutOfOrder | StepRefusal::RunStopped => {
@@ -232,20 +173,17 @@ pub(crate) async fn begin<S: Store>(
             action,
             arguments,
             outcome,
-        } => {
-            refresh_run(&st, &me, &run).await?;
-            Ok(Reply(
-                StatusCode::OK,
-                GateResponse {
-                    gate: GateBody::Executed,
-                    decision: (&decision).into(),
-                    operation_id: Some(operation_id),
-                    action: Some(action),
-                    arguments: Some(arguments),
-                    outcome: Some((&outcome).into()),
-                },
-            ))
-        }
+        } => Ok(Reply(
+            StatusCode::OK,
+            GateResponse {
+                gate: GateBody::Executed,
+                decision: (&decision).into(),
+                operation_id: Some(operation_id),
+                action: Some(action),
+                arguments: Some(arguments),
+                outcome: Some((&outcome).into()),
+            },
+        )),
         StepGate::Proceed {
             decision,
             operation_id,
@@ -312,6 +250,5 @@ pub(crate) async fn complete<S: Store>(
             "the gate has not let this step proceed: call `begin` first",
         ));
     };
-    refresh_run(&st, &me, &run).await?;
     Ok(Reply(StatusCode::OK, (&outcome).into()))
 }

@@ -21,7 +21,7 @@ async fn random_bytes_are_corrupt_and_untouched() {
     std::fs::write(&path, &bytes).unwrap();
     let before = Snapshot::of(&path);
     let err = open(&path).await.unwrap_err();
-    assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
     assert!(err.to_string().contains("not a sqlite database"), "{err}");
     assert_eq!(Snapshot::of(&path), before);
     // A SQLite header followed by garbage is no better.
@@ -30,11 +30,11 @@ async fn random_bytes_are_corrupt_and_untouched() {
     std::fs::write(&path, &fake).unwrap();
     let before = Snapshot::of(&path);
     let err = open(&path).await.unwrap_err();
-    assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
     assert_eq!(Snapshot::of(&path), before);
     let err = verify_audit(&url(&path), None).unwrap_err();
     assert!(
-        matches!(err, VerifyError::Store(StoreError::Corrupt(_))),
+        matches!(err, VerifyError::Store(StoreError::Corrupt { .. })),
         "{err:?}"
     );
     assert_eq!(Snapshot::of(&path), before);
@@ -53,12 +53,12 @@ async fn foreign_sqlite_database_is_corrupt_and_untouched() {
     }
     let before = Snapshot::of(&path);
     let err = open(&path).await.unwrap_err();
-    assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
     assert!(err.to_string().contains("another application"), "{err}");
     assert_eq!(Snapshot::of(&path), before);
     let err = verify_audit(&url(&path), None).unwrap_err();
     assert!(
-        matches!(err, VerifyError::Store(StoreError::Corrupt(_))),
+        matches!(err, VerifyError::Store(StoreError::Corrupt { .. })),
         "{err:?}"
     );
     assert_eq!(Snapshot::of(&path), before);
@@ -107,6 +107,7 @@ async fn read_only_mode_reads_and_refuses_writes() {
             .put_record(
                 put("a", "ns", "k", json!(1), None),
                 warden_core::time::Timestamp(1),
+                warden_store::StorageQuota::default(),
                 put_audit("a", "ns.k", 1),
             )
             .await
@@ -127,16 +128,17 @@ async fn read_only_mode_reads_and_refuses_writes() {
     assert_eq!(got[0].value, json!(1));
     let head = store.audit_head().await.unwrap();
     let err = store.append_audit(vec![note(2)]).await.unwrap_err();
-    assert!(matches!(err, StoreError::ReadOnly(_)), "{err:?}");
+    assert!(matches!(err, StoreError::ReadOnly { .. }), "{err:?}");
     let err = store
         .put_record(
             put("a", "ns", "k", json!(2), None),
             warden_core::time::Timestamp(2),
+            warden_store::StorageQuota::default(),
             put_audit("a", "ns.k", 2),
         )
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::ReadOnly(_)), "{err:?}");
+    assert!(matches!(err, StoreError::ReadOnly { .. }), "{err:?}");
     assert_eq!(store.audit_head().await.unwrap(), head);
     assert!(store.verify_audit(None).await.is_ok());
     drop(store);
@@ -148,18 +150,18 @@ async fn read_only_mode_never_creates_or_initialises() {
     let (dir, path) = temp_db();
     let ro = format!("{}?mode=ro", url(&path));
     let err = SqliteStore::open(&ro).await.unwrap_err();
-    assert!(matches!(err, StoreError::NotFound(_)), "{err:?}");
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
     assert!(!path.exists());
     // `rw` needs an existing file too.
     let err = SqliteStore::open(&format!("{}?mode=rw", url(&path)))
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::NotFound(_)), "{err:?}");
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
     assert!(!path.exists());
     // An empty file would need initialising, which read-only cannot do.
     std::fs::write(&path, b"").unwrap();
     let err = SqliteStore::open(&ro).await.unwrap_err();
-    assert!(matches!(err, StoreError::ReadOnly(_)), "{err:?}");
+    assert!(matches!(err, StoreError::ReadOnly { .. }), "{err:?}");
     assert_eq!(std::fs::read(&path).unwrap(), b"");
     drop(dir);
 }
@@ -205,12 +207,12 @@ async fn unwritable_directory_is_read_only() {
             .await
             .unwrap();
         let err = ro.append_audit(vec![note(2)]).await.unwrap_err();
-        assert!(matches!(err, StoreError::ReadOnly(_)), "{err:?}");
+        assert!(matches!(err, StoreError::ReadOnly { .. }), "{err:?}");
         drop(ro);
         assert_eq!(Snapshot::of(&path), before);
     } else {
         let err = open(&path).await.unwrap_err();
-        assert!(matches!(err, StoreError::ReadOnly(_)), "{err:?}");
+        assert!(matches!(err, StoreError::ReadOnly { .. }), "{err:?}");
         assert!(!path.exists());
     }
     std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();

@@ -176,7 +176,7 @@ async fn envelopes_and_escalations_survive_reopening() {
     let dup = store
         .put_escalation(escalation("esc-2", target("z")), Box::new(|_| Vec::new()))
         .await;
-    assert!(matches!(dup, Err(StoreError::Duplicate(_))), "{dup:?}");
+    assert!(matches!(dup, Err(StoreError::Duplicate { .. })), "{dup:?}");
     drop(store);
     let store = SqliteStore::open(&url(&path)).await.unwrap();
     let consumed_again = store.get_escalation("esc-1".into()).await.unwrap().unwrap();
@@ -266,7 +266,7 @@ async fn a_failed_audit_fn_stores_nothing() {
         )
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::Backend(_)), "{err:?}");
+    assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
     let id = EnvelopeId::parse("env-panic").unwrap();
     assert_eq!(store.get_envelope(id, None).await.unwrap(), None);
 
@@ -284,7 +284,7 @@ async fn a_failed_audit_fn_stores_nothing() {
         )
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::Backend(_)), "{err:?}");
+    assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
     let e = store.get_escalation("esc-p".into()).await.unwrap().unwrap();
     assert_eq!(e.status, EscalationStatus::Pending);
     assert_eq!(e.resolved_by, None);

@@ -118,7 +118,10 @@ async fn child(round: u64, path: &Path) {
                 created_at: Timestamp(1),
                 envelope_id: None,
             };
-            store.create_run(run, vec![]).await.unwrap();
+            store
+                .create_run(run, None, warden_store::audit_if_created(vec![]))
+                .await
+                .unwrap();
             let started = Instant::now();
             // Bounded: the parent kills long before this ends.
             for i in 0..5_000u64 {
@@ -137,6 +140,7 @@ async fn child(round: u64, path: &Path) {
                             Some(0),
                         ),
                         Timestamp(i as i64),
+                        warden_store::StorageQuota::default(),
                         put_audit("crasher", &resource, i),
                     )
                     .await
@@ -277,8 +281,8 @@ fn check(path: &Path, round: u64, acks: &Acks) {
     match verify_audit_path(path, None) {
         Ok(_) => {}
         // ...unless the child died before its first migration committed.
-        Err(VerifyError::Store(StoreError::ReadOnly(m)))
-            if nothing_acked && m.contains("not initialised") => {}
+        Err(VerifyError::Store(StoreError::ReadOnly { source }))
+            if nothing_acked && source.to_string().contains("not initialised") => {}
         Err(e) => panic!("round {round}: audit verification failed: {e}"),
     }
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -100,13 +100,19 @@ async fn reopening_keeps_everything() {
             ..put("root", "creds", "k", json!("s"), None)
         };
         store
-            .put_record(secret, Timestamp(7), put_audit("root", "creds.k", 1))
+            .put_record(
+                secret,
+                Timestamp(7),
+                warden_store::StorageQuota::default(),
+                put_audit("root", "creds.k", 1),
+            )
             .await
             .unwrap();
         store
             .put_record(
                 put("root", "ns", "k", json!([1]), None),
                 Timestamp(8),
+                warden_store::StorageQuota::default(),
                 put_audit("root", "ns.k", 2),
             )
             .await
@@ -115,11 +121,19 @@ async fn reopening_keeps_everything() {
             .put_record(
                 put("root", "ns", "k", json!([2]), Some(1)),
                 Timestamp(9),
+                warden_store::StorageQuota::default(),
                 put_audit("root", "ns.k", 3),
             )
             .await
             .unwrap();
-        store.create_run(run.clone(), vec![note(3)]).await.unwrap();
+        store
+            .create_run(
+                run.clone(),
+                None,
+                warden_store::audit_if_created(vec![note(3)]),
+            )
+            .await
+            .unwrap();
         store
             .record_step(
                 run.run_id.clone(),
@@ -230,6 +244,7 @@ async fn two_stores_on_one_file_race_and_keep_one_chain() {
     a.put_record(
         put("o", "ns", "k", json!("start"), Some(0)),
         Timestamp(1),
+        warden_store::StorageQuota::default(),
         put_audit("o", "ns.k", 100),
     )
     .await
@@ -245,6 +260,7 @@ async fn two_stores_on_one_file_race_and_keep_one_chain() {
                 .put_record(
                     put("o", "ns", "k", json!(i), Some(1)),
                     Timestamp(2),
+                    warden_store::StorageQuota::default(),
                     put_audit("o", "ns.k", i),
                 )
                 .await
@@ -357,10 +373,15 @@ async fn a_panicking_audit_fn_changes_nothing() {
     store.append_audit(vec![note(1)]).await.unwrap();
     let bomb: warden_store::AuditFn<PutOutcome> = Box::new(|_| panic!("audit fn exploded"));
     let err = store
-        .put_record(put("o", "ns", "k", json!(1), None), Timestamp(1), bomb)
+        .put_record(
+            put("o", "ns", "k", json!(1), None),
+            Timestamp(1),
+            warden_store::StorageQuota::default(),
+            bomb,
+        )
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::Backend(_)), "{err:?}");
+    assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
     assert!(
         store
             .get_records(ns("ns"), key("k"), vec![id("o")])
@@ -374,6 +395,7 @@ async fn a_panicking_audit_fn_changes_nothing() {
         .put_record(
             put("o", "ns", "k", json!(2), None),
             Timestamp(2),
+            warden_store::StorageQuota::default(),
             put_audit("o", "ns.k", 2),
         )
         .await

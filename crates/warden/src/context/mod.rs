@@ -338,7 +338,9 @@ impl<S: Store> Engine<S> {
             .await?
         {
             PutEnvelope::Written => Ok(()),
-            PutEnvelope::Conflict { .. } => Err(warden_store::StoreError::Duplicate(id).into()),
+            PutEnvelope::Conflict { .. } => {
+                Err(warden_store::StoreError::duplicate(warden_store::Entity::Envelope, id).into())
+            }
         }
     }
 

@@ -125,6 +125,7 @@ async fn admit(
     {
         Admission::Admitted { run, .. } => run,
         Admission::Rejected(p) => panic!("rejected: {p:?}"),
+        other => panic!("not admitted: {other:?}"),
     }
 }
 
@@ -1039,13 +1040,13 @@ yielding! {
     fn find_token(&self, hash: warden_core::audit::Digest) -> Option<warden_store::TokenRecord>;
     fn revoke_token(&self, token_id: String, audit: Vec<warden_core::audit::AuditDraft>) -> bool;
     fn get_records(&self, namespace: warden_core::ids::Namespace, key: warden_core::ids::Key, owners: Vec<warden_core::ids::AgentId>) -> Vec<warden_core::memory::MemoryRecord>;
-    fn put_record(&self, put: warden_core::memory::Put, now: Timestamp, audit: warden_store::AuditFn<warden_store::PutOutcome>) -> warden_store::PutOutcome;
+    fn put_record(&self, put: warden_core::memory::Put, now: Timestamp, quota: warden_store::StorageQuota, audit: warden_store::AuditFn<warden_store::PutOutcome>) -> warden_store::PutOutcome;
     fn delete_record(&self, delete: warden_store::Delete, audit: warden_store::AuditFn<warden_store::DeleteOutcome>) -> warden_store::DeleteOutcome;
     fn owner_usage(&self, owner: warden_core::ids::AgentId) -> warden_store::Usage;
     fn append_audit(&self, drafts: Vec<warden_core::audit::AuditDraft>) -> warden_core::audit::ChainHead;
     fn audit_page(&self, after: u64, limit: usize) -> Vec<AuditEntry>;
     fn audit_head(&self) -> warden_core::audit::ChainHead;
-    fn create_run(&self, run: RunRecord, audit: Vec<warden_core::audit::AuditDraft>) -> warden_store::CreateRun;
+    fn create_run(&self, run: RunRecord, limit: Option<warden_store::RunsInFlight>, audit: warden_store::AuditFn<warden_store::CreateRun>) -> warden_store::CreateRun;
     fn get_run(&self, run_id: RunId) -> Option<warden_store::RunState>;
     fn record_step(&self, run_id: RunId, step_id: StepId, outcome: StepOutcome, audit: Vec<warden_core::audit::AuditDraft>) -> warden_store::RecordStep;
     fn get_envelope(&self, envelope_id: EnvelopeId, version: Option<u64>) -> Option<EnvelopeRecord>;

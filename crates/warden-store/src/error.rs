@@ -1,0 +1,366 @@
+//! [`StoreError`]: why a storage operation failed, typed by what the caller
+//! can do about it.
+
+use std::fmt;
+
+/// Any error a backend wraps (a driver error, an I/O error, a message).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What kind of stored thing an error is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Entity {
+    /// A registered agent.
+    Agent,
+    /// A bearer token.
+    Token,
+    /// A memory record.
+    Record,
+    /// An admitted run.
+    Run,
+    /// One step of a run (`run/step`).
+    Step,
+    /// A context envelope (or one of its versions).
+    Envelope,
+    /// An escalation.
+    Escalation,
+    /// The database itself (a file, a schema).
+    Database,
+}
+
+impl Entity {
+    /// The entity's lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Entity::Agent => "agent",
+            Entity::Token => "token",
+            Entity::Record => "record",
+            Entity::Run => "run",
+            Entity::Step => "step",
+            Entity::Envelope => "envelope",
+            Entity::Escalation => "escalation",
+            Entity::Database => "database",
+        }
+    }
+}
+
+impl fmt::Display for Entity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a storage operation failed (as opposed to being denied: denials are
+/// outcomes, not errors).
+///
+/// The variants say who can do something about it: `Duplicate` and
+/// `NotFound` are the caller's (a request naming something that exists or
+/// does not), `Unavailable` is transient (retry later; a server answers
+/// 503), `ReadOnly`, `SchemaTooNew` and `Corrupt` need an operator, and
+/// `Backend` is an internal failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A unique key already exists (agent id, token, run step, escalation).
+    #[error("{entity} `{id}` already exists")]
+    Duplicate {
+        /// What kind of thing.
+        entity: Entity,
+        /// Its id.
+        id: String,
+    },
+    /// The row to change does not exist.
+    #[error("{entity} `{id}` not found")]
+    NotFound {
+        /// What kind of thing.
+        entity: Entity,
+        /// Its id.
+        id: String,
+    },
+    /// The database was written by a newer Warden.
+    #[error("database schema version {found} is newer than this build supports ({supported})")]
+    SchemaTooNew {
+        /// Version found in the database.
+        found: i64,
+        /// Newest version this build knows.
+        supported: i64,
+    },
+    /// The database is not a Warden database, or its contents are damaged.
+    #[error("not a usable warden database: {detail}")]
+    Corrupt {
+        /// What is wrong, and where.
+        detail: String,
+        /// The underlying error, if any.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// The database cannot be written (permissions, a read-only open, a
+    /// hot standby).
+    #[error("database is read-only: {source}")]
+    ReadOnly {
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
+    /// The database cannot be reached or cannot take writes right now:
+    /// connection refused or lost, pool timeout, disk full, busy beyond the
+    /// timeout. Transient: retrying later may succeed.
+    #[error("database unavailable: {source}")]
+    Unavailable {
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
+    /// Any other backend failure: an internal error.
+    #[error("storage backend failed: {source}")]
+    Backend {
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl StoreError {
+    /// `Duplicate` of `entity` with `id`.
+    pub fn duplicate(entity: Entity, id: impl fmt::Display) -> Self {
+        StoreError::Duplicate {
+            entity,
+            id: id.to_string(),
+        }
+    }
+
+    /// `NotFound` of `entity` with `id`.
+    pub fn not_found(entity: Entity, id: impl fmt::Display) -> Self {
+        StoreError::NotFound {
+            entity,
+            id: id.to_string(),
+        }
+    }
+
+    /// `Corrupt` with a description and no underlying error.
+    pub fn corrupt(detail: impl Into<String>) -> Self {
+        StoreError::Corrupt {
+            detail: detail.into(),
+            source: None,
+        }
+    }
+
+    /// `ReadOnly` from anything that converts into a [`BoxError`] (an
+    /// error, or a message).
+    pub fn read_only(source: impl Into<BoxError>) -> Self {
+        StoreError::ReadOnly {
+            source: source.into(),
+        }
+    }
+
+    /// `Unavailable` from anything that converts into a [`BoxError`].
+    pub fn unavailable(source: impl Into<BoxError>) -> Self {
+        StoreError::Unavailable {
+            source: source.into(),
+        }
+    }
+
+    /// `Backend` from anything that converts into a [`BoxError`].
+    pub fn backend(source: impl Into<BoxError>) -> Self {
+        StoreError::Backend {
+            source: source.into(),
+        }
+    }
+
+    /// The same error with `message` in front of what it says (`cannot
+    /// connect to x: ...`): the variant is kept, and so is the source (now
+    /// under the message). `Duplicate`, `NotFound` and `SchemaTooNew` are
+    /// returned unchanged, as they already say everything.
+    pub fn context(self, message: impl fmt::Display) -> StoreError {
+        let wrap = |source: BoxError| -> BoxError {
+            Box::new(Context {
+                message: message.to_string(),
+                source,
+            })
+        };
+        match self {
+            StoreError::Corrupt { detail, source } => StoreError::Corrupt {
+                detail: format!("{message}: {detail}"),
+                source,
+            },
+            StoreError::ReadOnly { source } => StoreError::ReadOnly {
+                source: wrap(source),
+            },
+            StoreError::Unavailable { source } => StoreError::Unavailable {
+                source: wrap(source),
+            },
+            StoreError::Backend { source } => StoreError::Backend {
+                source: wrap(source),
+            },
+            other => other,
+        }
+    }
+
+    /// Whether retrying later may succeed ([`StoreError::Unavailable`]).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Unavailable { .. })
+    }
+
+    /// The same error for several callers (a failed group commit answers
+    /// each of its commands): the variant and its fields are kept, and the
+    /// source is shared.
+    pub fn fan_out(shared: &std::sync::Arc<StoreError>) -> StoreError {
+        let source = || -> BoxError { Box::new(Shared(std::sync::Arc::clone(shared))) };
+        match &**shared {
+            StoreError::Duplicate { entity, id } => StoreError::Duplicate {
+                entity: *entity,
+                id: id.clone(),
+            },
+            StoreError::NotFound { entity, id } => StoreError::NotFound {
+                entity: *entity,
+                id: id.clone(),
+            },
+            StoreError::SchemaTooNew { found, supported } => StoreError::SchemaTooNew {
+                found: *found,
+                supported: *supported,
+            },
+            StoreError::Corrupt { detail, source: s } => StoreError::Corrupt {
+                detail: detail.clone(),
+                source: s.as_ref().map(|_| source()),
+            },
+            StoreError::ReadOnly { .. } => StoreError::ReadOnly { source: source() },
+            StoreError::Unavailable { .. } => StoreError::Unavailable { source: source() },
+            StoreError::Backend { .. } => StoreError::Backend { source: source() },
+        }
+    }
+}
+
+/// Errors are equal when they are the same variant with the same fields and
+/// the same message (sources compare by their text): what tests need.
+impl PartialEq for StoreError {
+    fn eq(&self, other: &Self) -> bool {
+        use StoreError as E;
+        let same_source = |a: &BoxError, b: &BoxError| a.to_string() == b.to_string();
+        match (self, other) {
+            (E::Duplicate { entity: a, id: x }, E::Duplicate { entity: b, id: y })
+            | (E::NotFound { entity: a, id: x }, E::NotFound { entity: b, id: y }) => {
+                a == b && x == y
+            }
+            (
+                E::SchemaTooNew {
+                    found: a,
+                    supported: x,
+                },
+                E::SchemaTooNew {
+                    found: b,
+                    supported: y,
+                },
+            ) => a == b && x == y,
+            (
+                E::Corrupt {
+                    detail: a,
+                    source: x,
+                },
+                E::Corrupt {
+                    detail: b,
+                    source: y,
+                },
+            ) => {
+                a == b
+                    && match (x, y) {
+                        (None, None) => true,
+                        (Some(x), Some(y)) => same_source(x, y),
+                        _ => false,
+                    }
+            }
+            (E::ReadOnly { source: a }, E::ReadOnly { source: b })
+            | (E::Unavailable { source: a }, E::Unavailable { source: b })
+            | (E::Backend { source: a }, E::Backend { source: b }) => same_source(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for StoreError {}
+
+/// A source with a message in front (see [`StoreError::context`]).
+#[derive(Debug)]
+struct Context {
+    message: String,
+    source: BoxError,
+}
+
+impl fmt::Display for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.message, self.source)
+    }
+}
+
+impl std::error::Error for Context {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+/// The source of a shared [`StoreError`]: displays as the original's
+/// source (so messages are not prefixed twice).
+#[derive(Debug)]
+struct Shared(std::sync::Arc<StoreError>);
+
+impl fmt::Display for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match std::error::Error::source(&*self.0) {
+            Some(s) => fmt::Display::fmt(s, f),
+            None => fmt::Display::fmt(&*self.0, f),
+        }
+    }
+}
+
+impl std::error::Error for Shared {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&*self.0).and_then(std::error::Error::source)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn messages_are_one_lowercase_line() {
+        let e = StoreError::duplicate(Entity::Agent, "a1");
+        assert_eq!(e.to_string(), "agent `a1` already exists");
+        let e = StoreError::not_found(Entity::Step, "r/s");
+        assert_eq!(e.to_string(), "step `r/s` not found");
+        let e = StoreError::unavailable("connection refused");
+        assert_eq!(e.to_string(), "database unavailable: connection refused");
+        assert!(e.is_transient());
+        assert!(!StoreError::backend("x").is_transient());
+    }
+
+    #[test]
+    fn fan_out_keeps_variant_and_message() {
+        let shared = Arc::new(StoreError::unavailable("disk full"));
+        let copy = StoreError::fan_out(&shared);
+        assert!(matches!(copy, StoreError::Unavailable { .. }));
+        assert_eq!(copy.to_string(), shared.to_string());
+        let shared = Arc::new(StoreError::duplicate(Entity::Run, "r1"));
+        let copy = StoreError::fan_out(&shared);
+        assert!(matches!(
+            copy,
+            StoreError::Duplicate { entity: Entity::Run, ref id } if id == "r1"
+        ));
+    }
+
+    #[test]
+    fn context_keeps_variant_and_source() {
+        let e = StoreError::unavailable(std::io::Error::other("refused")).context("cannot connect");
+        assert!(matches!(e, StoreError::Unavailable { .. }));
+        assert_eq!(
+            e.to_string(),
+            "database unavailable: cannot connect: refused"
+        );
+        let source = std::error::Error::source(&e).unwrap();
+        assert!(
+            std::error::Error::source(source)
+                .unwrap()
+                .is::<std::io::Error>()
+        );
+        let e = StoreError::not_found(Entity::Agent, "a").context("ignored");
+        assert_eq!(e.to_string(), "agent `a` not found");
+    }
+}
