@@ -17,6 +17,7 @@ pub(super) const VERB_FAMILY_WORDS: [(&str, &str); 7] = [
     ("block", "edit"),
 ];
 
+/// Whether a tool called `name` may write a prompt block.
 ///
 /// Case-insensitive, indifferent to surrounding whitespace, to the separator
 /// style (`_ - . / :`, spaces, camelCase) and to a client's server prefix. The
