@@ -50,7 +50,7 @@ fn hash_fields(e: &EntryRef<'_>) -> Digest {
 }
 
 /// An entry's fields borrowed as a store holds them, so a verifier can hash
-/// entries straight from storage without building an [`AuditEntry`] (no
+/// entries straight from storage without building an [`AuditEntry`](super::AuditEntry) (no
 /// allocation, no JSON parsing). A store that keeps `details` as their
 /// canonical JSON text (see [`crate::canonical`]) hashes exactly what it
 /// stores; any other byte there is an alteration.
@@ -60,13 +60,13 @@ pub struct EntryRef<'a> {
     pub seq: u64,
     /// When the decision was made.
     pub time: Timestamp,
-    /// The acting agent, or [`OPERATOR_SUBJECT`].
+    /// The acting agent, or [`OPERATOR_SUBJECT`](super::OPERATOR_SUBJECT).
     pub subject: &'a str,
     /// What was attempted.
     pub operation: &'a str,
     /// On what.
     pub resource: &'a str,
-    /// The verdict's snake_case name ([`Verdict::as_str`]).
+    /// The verdict's snake_case name ([`Verdict::as_str`](crate::decision::Verdict::as_str)).
     pub verdict: &'a str,
     /// The stable reason code.
     pub reason: &'a str,

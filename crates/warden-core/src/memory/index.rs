@@ -137,7 +137,7 @@ impl<'a> KeyView<'a> {
     }
 
     /// How many records (of any owner) the key holds: the bound for
-    /// [`resolve_bounded`].
+    /// [`resolve_bounded`](super::resolve_bounded).
     #[inline]
     pub fn len(&self) -> usize {
         match self.0 {

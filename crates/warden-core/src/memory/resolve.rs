@@ -72,7 +72,7 @@ where
 }
 
 /// [`resolve`], for a caller that knows how many records exist at the key
-/// (`records_at_key`, e.g. [`KeyView::len`]): once the walk has met that
+/// (`records_at_key`, e.g. [`KeyView::len`](super::KeyView::len)): once the walk has met that
 /// many, no level above can hold another, so it stops there. Same answer as
 /// [`resolve`]; the walk goes only as far as the farthest record on the
 /// lineage instead of always to the root (a policy record could otherwise

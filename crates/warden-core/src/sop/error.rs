@@ -52,7 +52,7 @@ pub enum SopErrorKind {
     InvalidVersion,
     /// `steps` is empty.
     EmptySop,
-    /// More steps than [`SopLimits::max_steps`].
+    /// More steps than [`SopLimits::max_steps`](super::SopLimits::max_steps).
     TooManySteps {
         /// How many there are.
         count: usize,
@@ -60,12 +60,12 @@ pub enum SopErrorKind {
         max: usize,
     },
     /// A step's arguments encode to more than
-    /// [`SopLimits::max_argument_bytes`].
+    /// [`SopLimits::max_argument_bytes`](super::SopLimits::max_argument_bytes).
     ArgumentsTooLarge {
         /// The limit.
         max: usize,
     },
-    /// A step's arguments nest deeper than [`SopLimits::max_depth`].
+    /// A step's arguments nest deeper than [`SopLimits::max_depth`](super::SopLimits::max_depth).
     NestingTooDeep {
         /// The limit.
         max: usize,
