@@ -335,7 +335,9 @@ fn puts_check_owner_and_revision() {
         expected_revision: Some(0),
         ..put.clone()
     };
-    assert!(apply_put(Some(&created), &create_only, Timestamp(2)).is_err());
+    let refused = apply_put(Some(&created), &create_only, Timestamp(2)).unwrap_err();
+    assert_eq!(refused, PutRejection::Conflict { current: Some(1) });
+    assert_eq!(refused.reason(), reasons::REVISION_CONFLICT);
     let next = apply_put(Some(&created), &put, Timestamp(2)).unwrap();
     assert_eq!(next.revision, 2);
     assert_eq!(next.created_at, Timestamp(1));

@@ -38,6 +38,15 @@ pub enum PutRejection {
     },
 }
 
+impl PutRejection {
+    /// The reason code a decision record carries for this rejection.
+    pub fn reason(&self) -> Reason {
+        match self {
+            PutRejection::Conflict { .. } => reasons::REVISION_CONFLICT,
+        }
+    }
+}
+
 /// Reason for a record that is invalid for its class.
 pub const INVALID_RECORD: &str = "invalid_record";
 
