@@ -7,6 +7,7 @@
 //! inputs.
 
 use std::collections::BTreeSet;
+use std::sync::LazyLock;
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -42,12 +43,15 @@ const NOW: Timestamp = Timestamp(1_700_000_000_000);
 
 /// The example bundle, and a variant whose context also constrains and
 /// escalates (a lower inheritance threshold and a backstop), so every
-/// context verdict occurs.
-fn policies() -> [Policy; 2] {
-    let strict = format!(
-        "{LAB}\n  inherit_threshold: confidential\n  backstop: {{min_labels: 3, at_or_above: internal}}\n"
-    );
-    [compile(LAB).unwrap(), compile(&strict).unwrap()]
+/// context verdict occurs. Compiled once for every test.
+fn policies() -> &'static [Policy; 2] {
+    static POLICIES: LazyLock<[Policy; 2]> = LazyLock::new(|| {
+        let strict = format!(
+            "{LAB}\n  inherit_threshold: confidential\n  backstop: {{min_labels: 3, at_or_above: internal}}\n"
+        );
+        [compile(LAB).unwrap(), compile(&strict).unwrap()]
+    });
+    &POLICIES
 }
 
 fn hierarchy(policy: &Policy) -> Hierarchy {
