@@ -52,11 +52,10 @@ pub fn parse_strict(bytes: &[u8], max_depth: usize) -> Result<Value, ApiError> {
             format!("the body nests deeper than {max} levels"),
         )
         .with_details(json!({"max_depth": max, "path": cut(e.path(), 128)})),
-        JsonErrorKind::DuplicateKey { key } => ApiError::bad_request(
-            "duplicate_key",
-            "an object in the body repeats a key",
-        )
-        .with_details(json!({"key": cut(key, 64), "path": cut(e.path(), 128)})),
+        JsonErrorKind::DuplicateKey { key } => {
+            ApiError::bad_request("duplicate_key", "an object in the body repeats a key")
+                .with_details(json!({"key": cut(key, 64), "path": cut(e.path(), 128)}))
+        }
         JsonErrorKind::Malformed {
             line,
             column,
