@@ -89,6 +89,7 @@ use crate::decision::Reason;
 pub use corpus::parse_corpus;
 pub use names::is_write_surface_tool_name;
 
+/// The child-config field that asks for the prompt-block self-edit surface.
 ///
 /// A delegated child never receives that surface, whatever the field says.
 pub const SELF_EDIT_FIELD: &str = "prompt_block_self_edit";
@@ -222,8 +223,6 @@ impl<'a> Sanitised<'a> {
         }
     }
 }
-
-/// Whether a tool called `name` may write a prompt block.
 
 /// Whether `config` explicitly asks for the block self-edit surface.
 ///

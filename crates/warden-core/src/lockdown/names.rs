@@ -4,7 +4,9 @@
 /// The two words of [`WRITE_SURFACE_NAMESPACE`](super::WRITE_SURFACE_NAMESPACE).
 pub(super) const NAMESPACE_WORDS: (&str, &str) = ("memory", "block");
 
-/// The two words of each entry of [`WRITE_SURFACE_VERB_FAMILIES`](super::WRITE_SURFACE_VERB_FAMILIES), same order.
+/// The two words of each entry of
+/// [`WRITE_SURFACE_VERB_FAMILIES`](super::WRITE_SURFACE_VERB_FAMILIES), same
+/// order.
 pub(super) const VERB_FAMILY_WORDS: [(&str, &str); 7] = [
     ("edit", "block"),
     ("write", "block"),
@@ -15,6 +17,7 @@ pub(super) const VERB_FAMILY_WORDS: [(&str, &str); 7] = [
     ("block", "edit"),
 ];
 
+/// Whether a tool called `name` may write a prompt block.
 ///
 /// Case-insensitive, indifferent to surrounding whitespace, to the separator
 /// style (`_ - . / :`, spaces, camelCase) and to a client's server prefix. The

@@ -7,6 +7,7 @@
 //! inputs.
 
 use std::collections::BTreeSet;
+use std::sync::LazyLock;
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -42,12 +43,15 @@ const NOW: Timestamp = Timestamp(1_700_000_000_000);
 
 /// The example bundle, and a variant whose context also constrains and
 /// escalates (a lower inheritance threshold and a backstop), so every
-/// context verdict occurs.
-fn policies() -> [Policy; 2] {
-    let strict = format!(
-        "{LAB}\n  inherit_threshold: confidential\n  backstop: {{min_labels: 3, at_or_above: internal}}\n"
-    );
-    [compile(LAB).unwrap(), compile(&strict).unwrap()]
+/// context verdict occurs. Compiled once for every test.
+fn policies() -> &'static [Policy; 2] {
+    static POLICIES: LazyLock<[Policy; 2]> = LazyLock::new(|| {
+        let strict = format!(
+            "{LAB}\n  inherit_threshold: confidential\n  backstop: {{min_labels: 3, at_or_above: internal}}\n"
+        );
+        [compile(LAB).unwrap(), compile(&strict).unwrap()]
+    });
+    &POLICIES
 }
 
 fn hierarchy(policy: &Policy) -> Hierarchy {
@@ -211,7 +215,7 @@ fn gate_matches_engine(
 #[test]
 fn admission_on_the_example_bundle_matches_the_engine() {
     for policy in policies() {
-        let h = hierarchy(&policy);
+        let h = hierarchy(policy);
         let ctx = PreflightContext {
             hierarchy: &h,
             catalogue: &policy.catalogue,
@@ -245,7 +249,7 @@ fn admission_on_the_example_bundle_matches_the_engine() {
             for sop in &sops {
                 assert_eq!(
                     admit(&ctx, &actor, sop, None, NOW),
-                    engine_admission(&ctx, &policy, &actor, sop, None)
+                    engine_admission(&ctx, policy, &actor, sop, None)
                 );
                 for e in &envelopes {
                     let run = RunContext {
@@ -254,7 +258,7 @@ fn admission_on_the_example_bundle_matches_the_engine() {
                     };
                     assert_eq!(
                         admit(&ctx, &actor, sop, Some(run), NOW),
-                        engine_admission(&ctx, &policy, &actor, sop, Some(run)),
+                        engine_admission(&ctx, policy, &actor, sop, Some(run)),
                         "{agent} {} under {:?}",
                         sop.sop_id,
                         e.labels()
@@ -268,7 +272,7 @@ fn admission_on_the_example_bundle_matches_the_engine() {
 #[test]
 fn a_restricted_starting_envelope_rejects_the_export_step_only() {
     let [policy, _] = policies();
-    let h = hierarchy(&policy);
+    let h = hierarchy(policy);
     let ctx = PreflightContext {
         hierarchy: &h,
         catalogue: &policy.catalogue,
@@ -346,8 +350,8 @@ fn the_step_gate_on_the_example_bundle_matches_the_engine() {
         for e in &envelopes {
             for action in policy.catalogue.iter() {
                 let name = action.name().as_str();
-                let cd = decide(e, cp, &ContextRequest::Action(action_ref(&policy, name)));
-                let gate = ContextGate::decide(e, cp, action_ref(&policy, name));
+                let cd = decide(e, cp, &ContextRequest::Action(action_ref(policy, name)));
+                let gate = ContextGate::decide(e, cp, action_ref(policy, name));
                 verdicts.insert(cd.verdict);
                 assert_eq!(gate, ContextGate::from_decision(cd.clone()));
                 gate_matches_engine(&gate, &cd, &[l("customer_name")], action.output_labels());
@@ -364,13 +368,13 @@ fn a_gate_keeps_its_answer_as_plain_values() {
     let [_, policy] = policies();
     let cp = policy.context.as_ref().unwrap();
     let e = risk_profile(cp);
-    let gate = ContextGate::decide(&e, cp, action_ref(&policy, "crm.lookup"));
+    let gate = ContextGate::decide(&e, cp, action_ref(policy, "crm.lookup"));
     assert_eq!(gate.begin().0, Verdict::Constrain);
     assert!(!gate.result_labels().is_empty());
     let back: ContextGate = serde_json::from_value(serde_json::to_value(&gate).unwrap()).unwrap();
     assert_eq!(back, gate);
 
-    let export = ContextGate::decide(&e, cp, action_ref(&policy, "report.export"));
+    let export = ContextGate::decide(&e, cp, action_ref(policy, "report.export"));
     assert_eq!(
         export.begin(),
         (
@@ -436,7 +440,7 @@ proptest! {
     ) {
         let [lab, strict_lab] = policies();
         let policy = if strict { strict_lab } else { lab };
-        let h = hierarchy(&policy);
+        let h = hierarchy(policy);
         let ctx = PreflightContext {
             hierarchy: &h,
             catalogue: &policy.catalogue,
@@ -452,7 +456,7 @@ proptest! {
         .unwrap();
         let actor = AgentId::parse(agent).unwrap();
         let ours = admit(&ctx, &actor, &sop, run, NOW);
-        prop_assert_eq!(&ours, &engine_admission(&ctx, &policy, &actor, &sop, run));
+        prop_assert_eq!(&ours, &engine_admission(&ctx, policy, &actor, &sop, run));
         prop_assert_eq!(ours.admitted, ours.steps.iter().all(|s| s.decision.permits()));
     }
 
@@ -471,7 +475,7 @@ proptest! {
         let policy = if strict { strict_lab } else { lab };
         let cp = policy.context.as_ref().unwrap();
         let e = envelope(cp, &folds, delegated);
-        let a = action_ref(&policy, action);
+        let a = action_ref(policy, action);
         let cd = decide(&e, cp, &ContextRequest::Action(a));
         let gate = ContextGate::decide(&e, cp, a);
         let reported: Vec<Label> = reported.into_iter().map(l).collect();

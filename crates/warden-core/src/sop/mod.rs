@@ -25,7 +25,8 @@
 //! `owner` or `owner_agent_id` inside `arguments` is only data: identity
 //! comes from the runtime, never from the SOP.
 
-use std::fmt;
+mod depth;
+mod error;
 
 use serde::{Serialize, Serializer};
 use serde_json::{Map, Value};
@@ -33,6 +34,8 @@ use serde_json::{Map, Value};
 use crate::catalogue::encoded_json_len_exceeds;
 use crate::ids::{ActionName, IdentifierError, MAX_IDENTIFIER_LEN, SopId, StepId};
 use crate::json::{self, JsonErrorKind, PathSeg, render_path};
+use depth::check_depth;
+pub use error::{IdentifierProblem, SopError, SopErrorKind};
 
 /// Deepest argument nesting supported, whatever [`SopLimits::max_depth`]
 /// says: `serde_json` refuses documents nested 128 levels deep, and the
@@ -120,185 +123,6 @@ impl Step {
 
 fn serialize_step_id<S: Serializer>(id: &Option<StepId>, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(id.as_ref().map_or("", StepId::as_str))
-}
-
-/// Why an identifier field was refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum IdentifierProblem {
-    /// It is empty.
-    Empty,
-    /// It is longer than the limit.
-    TooLong {
-        /// Its length in bytes.
-        len: usize,
-        /// The limit.
-        max: usize,
-    },
-    /// It holds a character outside `[A-Za-z0-9._:-]`.
-    BadChar {
-        /// The character.
-        ch: char,
-        /// Its byte offset.
-        at: usize,
-    },
-}
-
-/// What is wrong, without the where (see [`SopError`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SopErrorKind {
-    /// Not JSON, or trailing input after it.
-    MalformedJson {
-        /// Line of the problem (1-based).
-        line: usize,
-        /// Column of the problem (1-based).
-        column: usize,
-        /// The JSON parser's message.
-        message: String,
-    },
-    /// A key appears twice in one object.
-    DuplicateField,
-    /// A field the SOP format does not have.
-    UnknownField,
-    /// A field of the wrong JSON type.
-    WrongType {
-        /// What the format requires (`a string`).
-        expected: &'static str,
-        /// What was there (`a number`).
-        found: &'static str,
-    },
-    /// A required field is absent.
-    MissingField,
-    /// `version` is below 1 or above `u32::MAX`.
-    InvalidVersion,
-    /// `steps` is empty.
-    EmptySop,
-    /// More steps than [`SopLimits::max_steps`].
-    TooManySteps {
-        /// How many there are.
-        count: usize,
-        /// The limit.
-        max: usize,
-    },
-    /// A step's arguments encode to more than
-    /// [`SopLimits::max_argument_bytes`].
-    ArgumentsTooLarge {
-        /// The limit.
-        max: usize,
-    },
-    /// A step's arguments nest deeper than [`SopLimits::max_depth`].
-    NestingTooDeep {
-        /// The limit.
-        max: usize,
-    },
-    /// An invalid `sop_id`, `action` or non-empty `step_id`.
-    InvalidIdentifier(IdentifierProblem),
-}
-
-impl SopErrorKind {
-    /// The stable snake_case code.
-    pub fn code(&self) -> &'static str {
-        match self {
-            SopErrorKind::MalformedJson { .. } => "malformed_json",
-            SopErrorKind::DuplicateField => "duplicate_field",
-            SopErrorKind::UnknownField => "unknown_field",
-            SopErrorKind::WrongType { .. } => "wrong_type",
-            SopErrorKind::MissingField => "missing_field",
-            SopErrorKind::InvalidVersion => "invalid_version",
-            SopErrorKind::EmptySop => "empty_sop",
-            SopErrorKind::TooManySteps { .. } => "too_many_steps",
-            SopErrorKind::ArgumentsTooLarge { .. } => "arguments_too_large",
-            SopErrorKind::NestingTooDeep { .. } => "nesting_too_deep",
-            SopErrorKind::InvalidIdentifier(_) => "invalid_identifier",
-        }
-    }
-}
-
-impl fmt::Display for SopErrorKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SopErrorKind::MalformedJson { message, .. } => write!(f, "malformed json: {message}"),
-            SopErrorKind::DuplicateField => f.write_str("field appears more than once"),
-            SopErrorKind::UnknownField => f.write_str("unknown field"),
-            SopErrorKind::WrongType { expected, found } => {
-                write!(f, "expected {expected}, found {found}")
-            }
-            SopErrorKind::MissingField => f.write_str("required field is missing"),
-            SopErrorKind::InvalidVersion => {
-                write!(f, "version must be an integer from 1 to {}", u32::MAX)
-            }
-            SopErrorKind::EmptySop => f.write_str("an sop needs at least one step"),
-            SopErrorKind::TooManySteps { count, max } => {
-                write!(f, "{count} steps, the limit is {max}")
-            }
-            SopErrorKind::ArgumentsTooLarge { max } => {
-                write!(f, "arguments encode to more than {max} bytes")
-            }
-            SopErrorKind::NestingTooDeep { max } => {
-                write!(f, "arguments nest deeper than {max} levels")
-            }
-            SopErrorKind::InvalidIdentifier(IdentifierProblem::Empty) => {
-                f.write_str("identifier is empty")
-            }
-            SopErrorKind::InvalidIdentifier(IdentifierProblem::TooLong { len, max }) => {
-                write!(f, "identifier is {len} bytes long, the limit is {max}")
-            }
-            SopErrorKind::InvalidIdentifier(IdentifierProblem::BadChar { ch, at }) => write!(
-                f,
-                "identifier contains `{}` at byte {at}; allowed are A-Z a-z 0-9 . _ : -",
-                ch.escape_debug()
-            ),
-        }
-    }
-}
-
-/// Why an SOP was refused: a located [`SopErrorKind`].
-///
-/// Displayed as one line naming the field: ``field `steps[3].step_id`:
-/// identifier is empty``, or `sop: ...` for the document as a whole.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SopError {
-    field: String,
-    kind: SopErrorKind,
-}
-
-impl std::error::Error for SopError {}
-
-impl fmt::Display for SopError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.field.is_empty() {
-            write!(f, "sop: {}", self.kind)
-        } else {
-            write!(f, "field `{}`: {}", self.field, self.kind)
-        }
-    }
-}
-
-impl SopError {
-    fn new(field: impl Into<String>, kind: SopErrorKind) -> Self {
-        Self {
-            field: field.into(),
-            kind,
-        }
-    }
-
-    /// The field the error is about: `sop_id`, `steps[3].step_id`,
-    /// `steps[0].arguments.a[2]`; `""` for the document as a whole. Keys
-    /// that are not plain words (`[A-Za-z0-9_-]`, at most 64 bytes) are
-    /// written as JSON strings in brackets, `["like this"]`, cut to 64 bytes
-    /// with a `…` after the closing quote.
-    pub fn field(&self) -> &str {
-        &self.field
-    }
-
-    /// What is wrong.
-    pub fn kind(&self) -> &SopErrorKind {
-        &self.kind
-    }
-
-    /// The stable snake_case code of [`SopError::kind`].
-    pub fn code(&self) -> &'static str {
-        self.kind.code()
-    }
 }
 
 /// Parse an SOP from JSON text.
@@ -504,65 +328,6 @@ fn version(v: &Value) -> Result<u32, SopError> {
         },
         other => Err(wrong_type("version", "an integer", other)),
     }
-}
-
-/// The children of a container, for the iterative depth walk.
-enum Children<'a> {
-    Object(serde_json::map::Iter<'a>),
-    Array(std::iter::Enumerate<std::slice::Iter<'a, Value>>),
-}
-
-impl<'a> Children<'a> {
-    fn of(v: &'a Value) -> Option<Self> {
-        match v {
-            Value::Object(map) => Some(Children::Object(map.iter())),
-            Value::Array(items) => Some(Children::Array(items.iter().enumerate())),
-            _ => None,
-        }
-    }
-
-    fn next(&mut self) -> Option<(PathSeg<'a>, &'a Value)> {
-        match self {
-            Children::Object(it) => it.next().map(|(k, v)| (PathSeg::Key(k), v)),
-            Children::Array(it) => it.next().map(|(i, v)| (PathSeg::Index(i), v)),
-        }
-    }
-}
-
-/// Refuse `args` if any container in it sits deeper than `max` (`args`
-/// itself being at depth 1). An explicit stack, at most `max` frames, so
-/// the walk cannot overflow the call stack however deep the value is.
-fn check_depth(args: &Map<String, Value>, max: usize, at: &str) -> Result<(), SopError> {
-    let too_deep = |path: String| SopError::new(path, SopErrorKind::NestingTooDeep { max });
-    if max == 0 {
-        return Err(too_deep(at.to_owned()));
-    }
-    struct Frame<'a> {
-        via: Option<PathSeg<'a>>,
-        children: Children<'a>,
-    }
-    let mut stack = vec![Frame {
-        via: None,
-        children: Children::Object(args.iter()),
-    }];
-    while let Some(top) = stack.last_mut() {
-        let Some((seg, child)) = top.children.next() else {
-            stack.pop();
-            continue;
-        };
-        let Some(children) = Children::of(child) else {
-            continue;
-        };
-        if stack.len() >= max {
-            let path = stack.iter().filter_map(|f| f.via).chain([seg]);
-            return Err(too_deep(render_path(at, path)));
-        }
-        stack.push(Frame {
-            via: Some(seg),
-            children,
-        });
-    }
-    Ok(())
 }
 
 #[cfg(test)]

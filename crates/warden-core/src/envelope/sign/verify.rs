@@ -95,7 +95,7 @@ pub struct VerifiedEnvelope {
     /// Who signed it.
     pub issuer: IssuerId,
     /// The envelope record (bind it to a local policy with
-    /// [`Envelope::restore`](super::Envelope::restore)).
+    /// [`Envelope::restore`](crate::envelope::Envelope::restore)).
     pub envelope: EnvelopeRecord,
 }
 
