@@ -12,4 +12,5 @@ mod envelopes;
 mod lockdown;
 mod nodes;
 mod properties;
+mod quotas;
 mod support;
