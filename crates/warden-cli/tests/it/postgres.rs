@@ -107,6 +107,11 @@ struct Server {
 
 impl Server {
     fn start(url: &str) -> Self {
+        Self::start_with(url, &[])
+    }
+
+    /// `warden serve` on `url` with `extra` arguments (e.g. `--policy`).
+    fn start_with(url: &str, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("serve.log");
         let mut child = warden()
@@ -120,6 +125,7 @@ impl Server {
                 "--sync-interval-ms",
                 &SYNC_INTERVAL_MS.to_string(),
             ])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -404,6 +410,84 @@ fn two_servers_share_one_database() {
         out.contains(&format!("ok: {lines} entries verified")),
         "{out}"
     );
+}
+
+/// A storage quota is exact across servers: one agent creating records
+/// concurrently through two servers on one database never holds more than
+/// `max_records`, every refusal is a recorded 429, and the chain verifies.
+#[test]
+fn max_records_holds_across_two_servers() {
+    let base = url_or_skip!();
+    let schema = Schema::new(base);
+    const MAX: usize = 5;
+    const WRITERS: usize = 24;
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    let lab = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/report-hierarchy/policy.yaml"
+    ))
+    .unwrap();
+    std::fs::write(
+        &policy,
+        format!("{lab}\nquotas:\n  agents:\n    researcher: {{max_records: {MAX}}}\n"),
+    )
+    .unwrap();
+    let policy = policy.to_str().unwrap().to_owned();
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| Server::start_with(&schema.url, &["--policy", &policy]));
+        let b = s.spawn(|| Server::start_with(&schema.url, &["--policy", &policy]));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let (status, body) = ok(&a.addr, "POST", "/v1/agents/researcher/tokens", OP, None);
+    assert_eq!(status, 201, "{body}");
+    let token = body["token"].as_str().unwrap().to_owned();
+    let barrier = Arc::new(Barrier::new(WRITERS));
+    let results: Vec<(u16, Value)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..WRITERS)
+            .map(|i| {
+                let addr = if i % 2 == 0 { &a.addr } else { &b.addr };
+                let (barrier, token) = (Arc::clone(&barrier), token.clone());
+                s.spawn(move || {
+                    barrier.wait();
+                    ok(
+                        addr,
+                        "PUT",
+                        &format!("/v1/memory/notes/k{i}"),
+                        &token,
+                        Some(&json!({"value": i})),
+                    )
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let created = results.iter().filter(|(s, _)| *s == 201).count();
+    assert_eq!(created, MAX, "{results:?}\n{}\n{}", a.log(), b.log());
+    for (status, body) in results.iter().filter(|(s, _)| *s != 201) {
+        assert_eq!(*status, 429, "{body}");
+        assert_eq!(body["error"]["code"], json!("quota_max_records"), "{body}");
+    }
+    // Stored: exactly MAX records, readable through either server.
+    let stored = (0..WRITERS)
+        .filter(|i| {
+            let addr = if i % 2 == 0 { &b.addr } else { &a.addr };
+            ok(addr, "GET", &format!("/v1/memory/notes/k{i}"), &token, None).0 == 200
+        })
+        .count();
+    assert_eq!(stored, MAX);
+    let (_, page) = ok(&a.addr, "GET", "/v1/audit?limit=1000", OP, None);
+    let refusals = page["entries"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter(|e| e["reason"] == json!("quota_max_records"))
+        .count();
+    assert_eq!(refusals, WRITERS - MAX, "{page}");
+    drop((a, b));
+    let (code, out) = audit_verify(&schema.url);
+    assert_eq!(code, 0, "{out}");
 }
 
 /// A server killed with SIGKILL while clients write: every write whose 2xx
