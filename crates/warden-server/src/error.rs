@@ -27,7 +27,7 @@ use std::borrow::Cow;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
-use warden::{ConflictKind, EngineError, RegistrationRefusal};
+use warden::{ConflictKind, EngineError, Problem, RegistrationRefusal};
 use warden_core::hierarchy::HierarchyError;
 use warden_core::lockdown::LockdownError;
 use warden_store::StoreError;
@@ -243,8 +243,16 @@ pub fn lockdown_error(e: &LockdownError) -> ApiError {
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match e {
+            EngineError::Input {
+                field,
+                problem: Problem::TooLong { max },
+            } => ApiError::invalid(
+                "limit_exceeded",
+                format!("`{field}` is longer than {max} bytes"),
+            )
+            .with_details(json!({"field": field, "max": max})),
             EngineError::Input { field, problem } => {
-                ApiError::invalid("invalid_value", format!("invalid `{field}`: {problem}"))
+                ApiError::invalid("invalid_value", format!("`{field}` {problem}"))
                     .with_details(json!({"field": field}))
             }
             EngineError::Sop(s) => crate::body::sop_error(&s),

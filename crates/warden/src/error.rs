@@ -72,6 +72,33 @@ pub enum ConflictKind {
     Duplicate,
 }
 
+/// What is wrong with an input field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Problem {
+    /// Empty (or only white space) where text is required.
+    Empty,
+    /// Longer than `max` bytes.
+    TooLong {
+        /// The limit, in bytes.
+        max: usize,
+    },
+    /// Contains a control character.
+    ControlCharacter,
+    /// Anything else, said in words.
+    Other(String),
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Problem::Empty => f.write_str("must not be empty"),
+            Problem::TooLong { max } => write!(f, "is longer than {max} bytes"),
+            Problem::ControlCharacter => f.write_str("contains a control character"),
+            Problem::Other(s) => f.write_str(s),
+        }
+    }
+}
+
 /// A failure whose cause is kept for the log, not for the caller.
 pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -84,7 +111,7 @@ pub enum EngineError {
         /// The field.
         field: String,
         /// What is wrong with it.
-        problem: String,
+        problem: Problem,
     },
     /// The SOP could not be parsed; nothing changed.
     #[error(transparent)]
@@ -138,7 +165,7 @@ impl EngineError {
     pub fn input(field: impl Into<String>, problem: impl fmt::Display) -> Self {
         EngineError::Input {
             field: field.into(),
-            problem: problem.to_string(),
+            problem: Problem::Other(problem.to_string()),
         }
     }
 

@@ -45,7 +45,7 @@ pub use agents::{
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use context::{DeclassifyOutcome, DelegationOptions, ReviewOutcome};
 pub use engine::{Caller, Engine, engine_reasons, ops};
-pub use error::{Cause, ConflictKind, EngineError, Missing};
+pub use error::{Cause, ConflictKind, EngineError, Missing, Problem};
 pub use execute::{
     Handler, HandlerCall, HandlerError, HandlerFuture, Handlers, RunReport, StepReport,
 };

@@ -16,8 +16,8 @@ use axum::http::StatusCode;
 use serde_json::json;
 use warden::{Caller, EngineError, Missing, ReviewOutcome};
 use warden_core::decision::Verdict;
+use warden_core::envelope::ContextPolicy;
 use warden_core::envelope::sign::SignedEnvelope;
-use warden_core::envelope::{ContextPolicy, MAX_JUSTIFICATION_BYTES};
 use warden_core::ids::{Label, RunId};
 use warden_core::time::Timestamp;
 use warden_store::{RunRecord, Store};
@@ -143,29 +143,6 @@ pub(crate) async fn envelope<S: Store>(
     Ok(Reply(StatusCode::OK, EnvelopeResponse::new(run_id, record)))
 }
 
-/// Check a free-text field bound for the audit log: non-empty, at most
-/// `MAX_JUSTIFICATION_BYTES`, no control characters (422 otherwise).
-fn check_text(field: &'static str, text: &str) -> ApiResult<()> {
-    let invalid = |message: &str| {
-        ApiError::invalid("invalid_value", format!("`{field}` {message}"))
-            .with_details(json!({"field": field}))
-    };
-    if text.trim().is_empty() {
-        return Err(invalid("must not be empty"));
-    }
-    if text.len() > MAX_JUSTIFICATION_BYTES {
-        return Err(ApiError::invalid(
-            "limit_exceeded",
-            format!("`{field}` is longer than {MAX_JUSTIFICATION_BYTES} bytes"),
-        )
-        .with_details(json!({"field": field, "max": MAX_JUSTIFICATION_BYTES})));
-    }
-    if text.chars().any(char::is_control) {
-        return Err(invalid("contains a control character"));
-    }
-    Ok(())
-}
-
 /// Every label to remove is one the policy knows (422 `unknown_label`
 /// otherwise, before anything is decided or recorded).
 fn check_remove_labels<S: Store>(st: &AppState<S>, labels: &[Label]) -> ApiResult<()> {
@@ -201,7 +178,6 @@ pub(crate) async fn declassify<S: Store>(
     JsonBody(req): JsonBody<DeclassifyRequest>,
 ) -> ApiResult<Reply<DeclassifyResponse>> {
     let run_id = run_id(&path)?;
-    check_text("justification", &req.justification)?;
     check_remove_labels(&st, &req.remove_labels)?;
     let caller = Caller::Agent(me.clone());
     visible_run(
@@ -426,7 +402,6 @@ pub(crate) async fn reject<S: Store>(
     JsonBody(req): JsonBody<RejectEscalationRequest>,
 ) -> ApiResult<Reply<ReviewResponse>> {
     let id = escalation_id(&path)?;
-    check_text("reason", &req.reason)?;
     let out = st
         .engine()
         .reject_escalation(&id, &caller, &req.reason)

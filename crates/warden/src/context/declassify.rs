@@ -34,6 +34,7 @@ impl<S: Store> Engine<S> {
         remove_labels: &[Label],
         justification: &str,
     ) -> Result<DeclassifyOutcome, EngineError> {
+        check_text("justification", justification)?;
         let now = self.now();
         let policy = self
             .context_policy()

@@ -38,10 +38,10 @@ impl<S: Store> Engine<S> {
     ) -> Result<Result<Option<ChildContext>, Registration>, EngineError> {
         let Some(parent) = req.parent.clone() else {
             if *options != DelegationOptions::default() {
-                return Err(EngineError::Input {
-                    field: "delegation".into(),
-                    problem: "delegation options need a parent".into(),
-                });
+                return Err(EngineError::input(
+                    "delegation",
+                    "delegation options need a parent",
+                ));
             }
             return Ok(Ok(None));
         };

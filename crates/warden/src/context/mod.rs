@@ -107,7 +107,7 @@ use warden_core::time::Timestamp;
 use warden_store::{EscalationRecord, PutEnvelope, RunRecord, Store};
 
 use crate::engine::{Caller, Engine, random_id};
-use crate::error::{EngineError, Missing};
+use crate::error::{EngineError, Missing, Problem};
 
 /// How often a compare-and-set on an envelope is retried before giving up
 /// with [`EngineError::EnvelopeContention`].
@@ -186,10 +186,7 @@ pub(crate) enum Folded {
 }
 
 pub(super) fn identifier_error(field: &str, e: warden_core::ids::IdentifierError) -> EngineError {
-    EngineError::Input {
-        field: field.into(),
-        problem: e.to_string(),
-    }
+    EngineError::input(field, e)
 }
 
 pub(super) fn new_envelope_id() -> Result<EnvelopeId, EngineError> {
@@ -215,21 +212,25 @@ pub(super) fn transition_details(t: &Transition, extra: Value) -> Value {
     details
 }
 
+/// Check a free-text field a person reads (a justification, a rejection
+/// reason): not empty, at most `MAX_JUSTIFICATION_BYTES`, no control
+/// characters.
 pub(super) fn check_text(field: &str, text: &str) -> Result<(), EngineError> {
-    let invalid = |message: &str| EngineError::Input {
-        field: field.into(),
-        problem: message.into(),
+    let problem = if text.trim().is_empty() {
+        Problem::Empty
+    } else if text.len() > warden_core::envelope::MAX_JUSTIFICATION_BYTES {
+        Problem::TooLong {
+            max: warden_core::envelope::MAX_JUSTIFICATION_BYTES,
+        }
+    } else if text.chars().any(char::is_control) {
+        Problem::ControlCharacter
+    } else {
+        return Ok(());
     };
-    if text.trim().is_empty() {
-        return Err(invalid("must not be empty"));
-    }
-    if text.len() > warden_core::envelope::MAX_JUSTIFICATION_BYTES {
-        return Err(invalid("is too long"));
-    }
-    if text.chars().any(char::is_control) {
-        return Err(invalid("contains a control character"));
-    }
-    Ok(())
+    Err(EngineError::Input {
+        field: field.into(),
+        problem,
+    })
 }
 
 impl<S: Store> Engine<S> {
