@@ -7,13 +7,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use warden_core::decision::Decision;
 use warden_core::decision::{Reason, Verdict, reasons};
-use warden_core::envelope::{EnvelopeError, EnvelopeId};
+use warden_core::envelope::{EnvelopeError, EnvelopeId, TrustZone};
 use warden_core::hierarchy::{AgentSpec, AgentStatus, HierarchyError};
-use warden_core::ids::{ActionName, AgentId, RunId};
+use warden_core::ids::{ActionName, AgentId, Label, RunId};
 use warden_core::lockdown::{self, LockdownError, Sanitised};
 use warden_store::{Store, StoredAgent};
 
-use crate::context::DelegationOptions;
 use crate::error::{EngineError, Missing};
 
 use crate::engine::{Caller, Engine, engine_reasons as er, ops};
@@ -59,6 +58,26 @@ pub struct AgentView {
     /// The context envelope it inherited when it was delegated, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub envelope_id: Option<EnvelopeId>,
+}
+
+/// The context part of a registration: where the child's envelope comes
+/// from and what the delegation is.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DelegationOptions {
+    /// Inherit the envelope of this run (a run of the parent).
+    #[serde(default)]
+    pub from_run: Option<RunId>,
+    /// Where the child runs; `None` is internal (inside this deployment).
+    #[serde(default)]
+    pub zone: Option<TrustZone>,
+    /// Restrictions the child gets on top of the inherited ones.
+    #[serde(default)]
+    pub restrictions: Vec<Label>,
+    /// Pass the sensitivity and restrictions but not the labels (the child
+    /// receives a reduced payload).
+    #[serde(default)]
+    pub redact_labels: bool,
 }
 
 /// The outcome of a registration or delegation. Every variant's decision

@@ -143,7 +143,7 @@ pub(crate) struct Inner<S> {
     /// Serialises hierarchy changes so validation and commit see one state.
     pub(crate) registry: tokio::sync::Mutex<()>,
     /// Tickets of steps begun and not completed.
-    pub(crate) tickets: crate::steps::Tickets,
+    pub(crate) tickets: crate::tickets::Tickets,
     /// How long tickets and unfinished runs count, in milliseconds.
     pub(crate) run_ttl_ms: std::sync::atomic::AtomicI64,
 }
@@ -199,9 +199,9 @@ impl<S: Store> Engine<S> {
                     envelopes,
                 }),
                 registry: tokio::sync::Mutex::new(()),
-                tickets: crate::steps::Tickets::default(),
+                tickets: crate::tickets::Tickets::default(),
                 run_ttl_ms: std::sync::atomic::AtomicI64::new(
-                    i64::try_from(crate::steps::DEFAULT_RUN_TTL.as_millis()).unwrap_or(i64::MAX),
+                    i64::try_from(crate::tickets::DEFAULT_RUN_TTL.as_millis()).unwrap_or(i64::MAX),
                 ),
             }),
         };

@@ -37,6 +37,7 @@ mod error;
 mod execute;
 mod memory;
 mod steps;
+mod tickets;
 
 pub use admission::Admission;
 pub use agents::{

@@ -28,8 +28,7 @@
 //! Tickets live in this engine's memory (a server's process); a ticket older
 //! than the run TTL ([`Engine::set_run_ttl`]) is dropped.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -43,17 +42,11 @@ use warden_core::preflight::{MEMORY_READ, MEMORY_WRITE};
 use warden_core::time::Timestamp;
 use warden_store::{RecordStep, RunRecord, RunState, RunStep, StepOutcome, StepStatus, Store};
 
-use crate::context::{ContextGate, Folded, Gated};
+use crate::context::{ContextGate, Folded};
 use crate::engine::{Engine, capability_reason, engine_reasons as er, ops};
 use crate::error::{EngineError, Missing};
 use crate::memory::{ReadStatus, WriteRequest};
-
-/// The run TTL when none is set: an hour.
-pub(crate) const DEFAULT_RUN_TTL: Duration = Duration::from_secs(3600);
-
-/// Most tickets kept at once; past it the oldest is dropped (its step must
-/// begin again).
-const MAX_TICKETS: usize = 65_536;
+use crate::tickets::{Gated, Ticket};
 
 /// What the gate says about a step.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -180,70 +173,6 @@ impl MemoryCall {
     }
 }
 
-/// What `begin` decided for a step that may proceed.
-#[derive(Debug, Clone)]
-struct Ticket {
-    actor: AgentId,
-    run: Arc<RunRecord>,
-    step: RunStep,
-    gated: Option<Gated>,
-    issued_at: Timestamp,
-}
-
-/// Tickets of steps begun and not completed, by run and step.
-#[derive(Debug, Default)]
-pub(crate) struct Tickets {
-    map: Mutex<HashMap<(RunId, StepId), Ticket>>,
-}
-
-impl Tickets {
-    fn insert(&self, ticket: Ticket, now: Timestamp, ttl_ms: i64) -> Result<(), EngineError> {
-        let mut map = self.map.lock().map_err(|_| poisoned())?;
-        if map.len() >= MAX_TICKETS {
-            map.retain(|_, t| now.0.saturating_sub(t.issued_at.0) < ttl_ms);
-            if map.len() >= MAX_TICKETS
-                && let Some(oldest) = map
-                    .iter()
-                    .min_by_key(|(_, t)| t.issued_at.0)
-                    .map(|(k, _)| k.clone())
-            {
-                map.remove(&oldest);
-            }
-        }
-        map.insert(
-            (ticket.run.run_id.clone(), ticket.step.step_id.clone()),
-            ticket,
-        );
-        Ok(())
-    }
-
-    /// The ticket of `run`/`step` begun by `actor`, if it is still valid.
-    fn take(
-        &self,
-        actor: &AgentId,
-        run: &RunId,
-        step: &StepId,
-        now: Timestamp,
-        ttl_ms: i64,
-    ) -> Result<Option<Ticket>, EngineError> {
-        let mut map = self.map.lock().map_err(|_| poisoned())?;
-        let key = (run.clone(), step.clone());
-        match map.get(&key) {
-            Some(t) if &t.actor != actor => Ok(None),
-            Some(t) if now.0.saturating_sub(t.issued_at.0) >= ttl_ms => {
-                map.remove(&key);
-                Ok(None)
-            }
-            Some(_) => Ok(map.remove(&key)),
-            None => Ok(None),
-        }
-    }
-}
-
-fn poisoned() -> EngineError {
-    EngineError::internal("step tickets lock poisoned by an earlier panic")
-}
-
 /// The arguments of `step_id` in the run's admitted SOP.
 pub(crate) fn step_arguments(run: &RunRecord, step_id: &StepId) -> Map<String, Value> {
     run.sop
@@ -332,7 +261,21 @@ impl<S: Store> Engine<S> {
             return Ok(refused);
         }
         let (decision, draft, gated) = match self.gate_step(actor, &state.run, &step, now).await? {
-            ContextGate::Stopped(gate) => return Ok(gate),
+            ContextGate::Denied(decision) => {
+                return Ok(StepGate::Refused {
+                    decision,
+                    refusal: StepRefusal::Denied,
+                });
+            }
+            ContextGate::Escalated {
+                decision,
+                escalation_id,
+            } => {
+                return Ok(StepGate::Escalated {
+                    decision,
+                    escalation_id,
+                });
+            }
             ContextGate::Open {
                 decision,
                 draft,

@@ -92,7 +92,9 @@ mod delegation;
 mod escalation;
 mod run;
 
-pub(crate) use run::{ContextGate, Gated};
+pub(crate) use run::ContextGate;
+
+pub use crate::agents::DelegationOptions;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -100,7 +102,6 @@ use warden_core::audit::AuditDraft;
 use warden_core::decision::{Decision, Obligation, Verdict};
 use warden_core::envelope::{
     ActionRef, ContextDecision, ContextPolicy, Envelope, EnvelopeId, EnvelopeRecord, Transition,
-    TrustZone,
 };
 use warden_core::ids::{Label, RunId};
 use warden_core::time::Timestamp;
@@ -112,26 +113,6 @@ use crate::error::{EngineError, Missing, Problem};
 /// How often a compare-and-set on an envelope is retried before giving up
 /// with [`EngineError::EnvelopeContention`].
 pub(super) const MAX_ENVELOPE_ATTEMPTS: usize = 16;
-
-/// The context part of a registration: where the child's envelope comes
-/// from and what the delegation is.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DelegationOptions {
-    /// Inherit the envelope of this run (a run of the parent).
-    #[serde(default)]
-    pub from_run: Option<RunId>,
-    /// Where the child runs; `None` is internal (inside this deployment).
-    #[serde(default)]
-    pub zone: Option<TrustZone>,
-    /// Restrictions the child gets on top of the inherited ones.
-    #[serde(default)]
-    pub restrictions: Vec<Label>,
-    /// Pass the sensitivity and restrictions but not the labels (the child
-    /// receives a reduced payload).
-    #[serde(default)]
-    pub redact_labels: bool,
-}
 
 /// The outcome of [`Engine::declassify`]: the decision (recorded) and, when
 /// allowed, the new envelope version.

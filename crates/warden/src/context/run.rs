@@ -15,7 +15,7 @@ use warden_store::{
 
 use crate::engine::{Caller, Engine, engine_reasons as er, ops};
 use crate::error::{ConflictKind, EngineError, Missing};
-use crate::steps::{StepGate, StepRefusal};
+use crate::tickets::Gated;
 
 use super::*;
 
@@ -77,8 +77,8 @@ impl<S: Store> Engine<S> {
     /// `Open` carries the proceeding decision and the envelope it was
     /// decided against (kept in the step's ticket, so completion neither
     /// reloads nor re-decides it); its `draft` is the entry still to record
-    /// (`None` when consuming an approval recorded it already). `Stopped`
-    /// is a recorded refusal or escalation. Without a context policy (or an
+    /// (`None` when consuming an approval recorded it already). `Denied`
+    /// and `Escalated` are recorded. Without a context policy (or an
     /// envelope on the run) the gate is open with no envelope.
     pub(crate) async fn gate_step(
         &self,
@@ -135,10 +135,7 @@ impl<S: Store> Engine<S> {
                     now,
                 );
                 self.stop_step(run, step, &d, details, now).await?;
-                Ok(ContextGate::Stopped(StepGate::Refused {
-                    decision: d,
-                    refusal: StepRefusal::Denied,
-                }))
+                Ok(ContextGate::Denied(d))
             }
             Verdict::Escalate => {
                 let target = EscalationTarget::Step {
@@ -184,10 +181,10 @@ impl<S: Store> Engine<S> {
                         now,
                     )
                     .await?;
-                Ok(ContextGate::Stopped(StepGate::Escalated {
+                Ok(ContextGate::Escalated {
                     decision,
                     escalation_id,
-                }))
+                })
             }
         }
     }
@@ -309,16 +306,13 @@ pub(crate) enum ContextGate {
         /// What the envelope decided (`None` without a context policy).
         gated: Option<Gated>,
     },
-    /// Refused or held; recorded.
-    Stopped(StepGate),
-}
-
-/// What a step's gate decided against the run's envelope, kept in the
-/// step's ticket for its completion.
-#[derive(Debug, Clone)]
-pub(crate) struct Gated {
-    /// The envelope the gate decided against.
-    pub(crate) envelope: Envelope,
-    /// The core's gate: obligations, outcome labels, bypass.
-    pub(crate) gate: CoreGate,
+    /// Denied; the step is recorded denied and the run stops.
+    Denied(Decision),
+    /// Held for review (recorded): the pending escalation.
+    Escalated {
+        /// The decision (verdict `escalate`).
+        decision: Decision,
+        /// The escalation to review.
+        escalation_id: String,
+    },
 }

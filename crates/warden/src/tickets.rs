@@ -1,0 +1,101 @@
+//! Tickets: what a step's gate decided, kept from `begin` to `complete`
+//! (see the `steps` module). A leaf module: the engine holds the table, the
+//! context gate fills [`Gated`], the step lifecycle issues and consumes
+//! tickets.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use warden_core::envelope::{ContextGate as CoreGate, Envelope};
+use warden_core::ids::{AgentId, RunId, StepId};
+use warden_core::time::Timestamp;
+use warden_store::{RunRecord, RunStep};
+
+use crate::error::EngineError;
+
+/// The run TTL when none is set: an hour.
+pub(crate) const DEFAULT_RUN_TTL: Duration = Duration::from_secs(3600);
+
+/// Most tickets kept at once; past it the oldest is dropped (its step must
+/// begin again).
+const MAX_TICKETS: usize = 65_536;
+
+/// What `begin` decided for a step that may proceed.
+#[derive(Debug, Clone)]
+pub(crate) struct Ticket {
+    pub(crate) actor: AgentId,
+    pub(crate) run: Arc<RunRecord>,
+    pub(crate) step: RunStep,
+    pub(crate) gated: Option<Gated>,
+    pub(crate) issued_at: Timestamp,
+}
+
+/// Tickets of steps begun and not completed, by run and step.
+#[derive(Debug, Default)]
+pub(crate) struct Tickets {
+    map: Mutex<HashMap<(RunId, StepId), Ticket>>,
+}
+
+impl Tickets {
+    pub(crate) fn insert(
+        &self,
+        ticket: Ticket,
+        now: Timestamp,
+        ttl_ms: i64,
+    ) -> Result<(), EngineError> {
+        let mut map = self.map.lock().map_err(|_| poisoned())?;
+        if map.len() >= MAX_TICKETS {
+            map.retain(|_, t| now.0.saturating_sub(t.issued_at.0) < ttl_ms);
+            if map.len() >= MAX_TICKETS
+                && let Some(oldest) = map
+                    .iter()
+                    .min_by_key(|(_, t)| t.issued_at.0)
+                    .map(|(k, _)| k.clone())
+            {
+                map.remove(&oldest);
+            }
+        }
+        map.insert(
+            (ticket.run.run_id.clone(), ticket.step.step_id.clone()),
+            ticket,
+        );
+        Ok(())
+    }
+
+    /// The ticket of `run`/`step` begun by `actor`, if it is still valid.
+    pub(crate) fn take(
+        &self,
+        actor: &AgentId,
+        run: &RunId,
+        step: &StepId,
+        now: Timestamp,
+        ttl_ms: i64,
+    ) -> Result<Option<Ticket>, EngineError> {
+        let mut map = self.map.lock().map_err(|_| poisoned())?;
+        let key = (run.clone(), step.clone());
+        match map.get(&key) {
+            Some(t) if &t.actor != actor => Ok(None),
+            Some(t) if now.0.saturating_sub(t.issued_at.0) >= ttl_ms => {
+                map.remove(&key);
+                Ok(None)
+            }
+            Some(_) => Ok(map.remove(&key)),
+            None => Ok(None),
+        }
+    }
+}
+
+fn poisoned() -> EngineError {
+    EngineError::internal("step tickets lock poisoned by an earlier panic")
+}
+
+/// What a step's gate decided against the run's envelope, kept in the
+/// step's ticket for its completion.
+#[derive(Debug, Clone)]
+pub(crate) struct Gated {
+    /// The envelope the gate decided against.
+    pub(crate) envelope: Envelope,
+    /// The core's gate: obligations, outcome labels, bypass.
+    pub(crate) gate: CoreGate,
+}
