@@ -44,7 +44,7 @@ pub use agents::{
     AgentView, AppliedAgents, RegisterAgent, Registration, RegistrationRefusal, Revocation,
 };
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use context::{DeclassifyOutcome, DelegationOptions, ReviewOutcome};
+pub use context::{DeclassifyOutcome, DelegationOptions, ReviewOutcome, check_text};
 pub use engine::{Caller, Engine, engine_reasons, ops};
 pub use error::{Cause, ConflictKind, EngineError, Missing, Problem};
 pub use execute::{

@@ -178,6 +178,7 @@ pub(crate) async fn declassify<S: Store>(
     JsonBody(req): JsonBody<DeclassifyRequest>,
 ) -> ApiResult<Reply<DeclassifyResponse>> {
     let run_id = run_id(&path)?;
+    warden::check_text("justification", &req.justification)?;
     check_remove_labels(&st, &req.remove_labels)?;
     let caller = Caller::Agent(me.clone());
     visible_run(

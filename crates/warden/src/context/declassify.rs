@@ -34,7 +34,6 @@ impl<S: Store> Engine<S> {
         remove_labels: &[Label],
         justification: &str,
     ) -> Result<DeclassifyOutcome, EngineError> {
-        check_text("justification", justification)?;
         let now = self.now();
         let policy = self
             .context_policy()

@@ -195,8 +195,11 @@ pub(super) fn transition_details(t: &Transition, extra: Value) -> Value {
 
 /// Check a free-text field a person reads (a justification, a rejection
 /// reason): not empty, at most `MAX_JUSTIFICATION_BYTES`, no control
-/// characters.
-pub(super) fn check_text(field: &str, text: &str) -> Result<(), EngineError> {
+/// characters. The one implementation: the engine checks rejection
+/// reasons with it, and a server checks a declassification's justification
+/// with it before asking (an embedding program gets the recorded
+/// `declassification_invalid` decision instead).
+pub fn check_text(field: &str, text: &str) -> Result<(), EngineError> {
     let problem = if text.trim().is_empty() {
         Problem::Empty
     } else if text.len() > warden_core::envelope::MAX_JUSTIFICATION_BYTES {
