@@ -136,12 +136,13 @@ async fn serve(
             "operator token: the one generated on an earlier start (only its hash is stored; set WARDEN_OPERATOR_TOKEN to use your own)"
         ),
     }
+    let signals = ShutdownSignals::install()?;
     println!("listening on http://{addr}");
     tracing::info!(%addr, policy = %version, database = %shown, "serving");
 
     let (stop_tx, mut stop_rx) = watch::channel(false);
     let shutdown = async move {
-        shutdown_signal().await;
+        signals.recv().await;
         tracing::info!("shutting down: finishing requests in flight");
         let _ = stop_tx.send(true);
     };
@@ -160,26 +161,41 @@ async fn serve(
     Ok(ExitCode::SUCCESS)
 }
 
-/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
-async fn shutdown_signal() {
-    let interrupt = async {
+/// SIGINT (Ctrl-C) and SIGTERM, caught from the moment this is built: it is
+/// built before the address is printed, so a signal sent as soon as a
+/// client sees the server (a supervisor, a test) is never handled by the
+/// default action (exit without draining).
+struct ShutdownSignals {
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    fn install() -> anyhow::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Self {
+                terminate: signal(SignalKind::terminate()).context("catching SIGTERM")?,
+                interrupt: signal(SignalKind::interrupt()).context("catching SIGINT")?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Self {})
+    }
+
+    /// Resolves on the first signal.
+    async fn recv(mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.terminate.recv() => {}
+            _ = self.interrupt.recv() => {}
+        }
+        #[cfg(not(unix))]
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = interrupt => {}
-        () = terminate => {}
     }
 }
