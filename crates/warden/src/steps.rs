@@ -310,7 +310,7 @@ impl<S: Store> Engine<S> {
                     actor,
                     &ticket.run,
                     &ticket.step,
-                    ticket.gated.as_ref(),
+                    ticket.gated.as_deref(),
                     result,
                 )
                 .await?;
@@ -436,7 +436,7 @@ impl<S: Store> Engine<S> {
             .take(actor, run_id, step_id, now, self.run_ttl_ms())?
         {
             return self
-                .finish_step(actor, &t.run, &t.step, t.gated.as_ref(), result)
+                .finish_step(actor, &t.run, &t.step, t.gated.as_deref(), result)
                 .await;
         }
         let state = self.run_of(actor, run_id).await?;
@@ -473,7 +473,7 @@ impl<S: Store> Engine<S> {
             .take(actor, run_id, step_id, now, self.run_ttl_ms())?
         {
             return self
-                .finish_step(actor, &t.run, &t.step, t.gated.as_ref(), result)
+                .finish_step(actor, &t.run, &t.step, t.gated.as_deref(), result)
                 .await
                 .map(Completion::Recorded);
         }

@@ -27,7 +27,7 @@ pub(crate) struct Ticket {
     pub(crate) actor: AgentId,
     pub(crate) run: Arc<RunRecord>,
     pub(crate) step: RunStep,
-    pub(crate) gated: Option<Gated>,
+    pub(crate) gated: Option<Box<Gated>>,
     pub(crate) issued_at: Timestamp,
 }
 

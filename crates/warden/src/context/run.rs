@@ -122,7 +122,7 @@ impl<S: Store> Engine<S> {
                 Ok(ContextGate::Open {
                     decision: d,
                     draft,
-                    gated: Some(Gated { envelope, gate }),
+                    gated: Some(Box::new(Gated { envelope, gate })),
                 })
             }
             Verdict::Deny => {
@@ -164,10 +164,10 @@ impl<S: Store> Engine<S> {
                     return Ok(ContextGate::Open {
                         decision: d,
                         draft: None,
-                        gated: Some(Gated {
+                        gated: Some(Box::new(Gated {
                             envelope,
                             gate: CoreGate::from_decision(cd),
-                        }),
+                        })),
                     });
                 }
                 let (decision, escalation_id) = self
@@ -304,7 +304,7 @@ pub(crate) enum ContextGate {
         /// Its entry, if not recorded yet.
         draft: Option<AuditDraft>,
         /// What the envelope decided (`None` without a context policy).
-        gated: Option<Gated>,
+        gated: Option<Box<Gated>>,
     },
     /// Denied; the step is recorded denied and the run stops.
     Denied(Decision),
