@@ -231,8 +231,8 @@ impl<S: Store> Engine<S> {
     /// `options.from_run` (a run of the parent), the parent's own inherited
     /// envelope, or, when `options.restrictions` are declared, an empty
     /// envelope of the parent. The delegation is decided against that source
-    /// envelope: `deny` refuses it ([`EngineError::Denied`]), `escalate`
-    /// holds it for review ([`EngineError::Escalated`]; an approval lets the
+    /// envelope: `deny` refuses it ([`Registration::Refused`]), `escalate`
+    /// holds it for review ([`Registration::Escalated`]; an approval lets the
     /// same parent, child and run through once); both are recorded and
     /// create nothing. A permitted child's declared capabilities are
     /// narrowed to `effective_delegated_authority` (delegator ∩ delegatee ∩

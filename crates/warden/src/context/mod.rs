@@ -33,7 +33,7 @@
 //!   `allow` proceeds (`step_allowed`); `constrain` proceeds with the
 //!   obligations (`context_constrained`); `deny` records the step `Denied`
 //!   and stops the run; `escalate` refuses it for now and opens (or finds)
-//!   the pending escalation of that run and step ([`StepGate::Escalated`]).
+//!   the pending escalation of that run and step ([`crate::StepGate::Escalated`]).
 //! - `complete_step` folds the reported `result_labels` and the action's
 //!   catalogue `output_labels` (so an adapter that under-reports lowers
 //!   nothing), on success and on failure alike (a failed step may still
