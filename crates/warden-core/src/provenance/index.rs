@@ -160,9 +160,10 @@ fn scalar_text(value: &Value) -> Option<String> {
 
 /// A value prepared for search.
 pub(crate) struct Needle {
+    /// The text, for the skeleton, which is computed only when needed.
+    text: String,
     exact: Vec<u64>,
     caseless: Vec<u64>,
-    skeleton: Vec<u64>,
     /// Only whole-field matches count.
     short: bool,
     /// The value holds default-ignorable or bidi-control characters.
@@ -352,36 +353,40 @@ impl SourceIndex {
         }
     }
 
-    /// Add the postings of fields `first..` and restore sort order.
+    /// Add the postings of fields `first..`, keeping each list sorted: the
+    /// new postings are sorted on their own and merged in, so recording
+    /// costs linear time in the index, not a full re-sort.
     fn add_postings(&mut self, first: usize) {
-        for (i, field) in self.fields.iter().enumerate().skip(first) {
-            let Ok(f) = u32::try_from(i) else { break };
-            for (stream, postings) in [
-                (Stream::Exact, &mut self.exact_postings),
-                (Stream::Caseless, &mut self.caseless_postings),
-                (Stream::Skeleton, &mut self.skeleton_postings),
-            ] {
+        for stream in [Stream::Exact, Stream::Caseless, Stream::Skeleton] {
+            let mut new = Vec::new();
+            for (i, field) in self.fields.iter().enumerate().skip(first) {
+                let Ok(f) = u32::try_from(i) else { break };
                 for (pos, fp) in field.stream(stream).iter().enumerate() {
-                    let pos = u32::try_from(pos).unwrap_or(u32::MAX);
-                    postings.push(Posting {
+                    new.push(Posting {
                         fp: *fp,
                         field: f,
-                        pos,
+                        pos: u32::try_from(pos).unwrap_or(u32::MAX),
                     });
                 }
             }
+            if new.is_empty() {
+                continue;
+            }
+            new.sort_unstable();
+            let list = match stream {
+                Stream::Exact => &mut self.exact_postings,
+                Stream::Skeleton => &mut self.skeleton_postings,
+                Stream::Caseless | Stream::KeyCheck => &mut self.caseless_postings,
+            };
+            *list = merge(std::mem::take(list), new);
         }
-        self.exact_postings.sort_unstable();
-        self.caseless_postings.sort_unstable();
-        self.skeleton_postings.sort_unstable();
     }
 
     /// Prepare a scalar value for search; `None` for arrays and objects.
-    pub(crate) fn needle(&self, value: &Value) -> Option<Needle> {
+    pub(crate) fn needle(&self, value: &Value, mode: MatchMode) -> Option<Needle> {
         let text = scalar_text(value)?;
         let exact = exact_tokens(&text);
         let caseless = caseless_tokens(&exact);
-        let skeleton = skeleton_tokens(&text);
         let short = matches!(value, Value::Bool(_) | Value::Null)
             || significant_chars(&exact) < MIN_SIGNIFICANT_CHARS;
         let fp = |stream, tokens: &[String]| -> Vec<u64> {
@@ -391,12 +396,23 @@ impl SourceIndex {
                 .collect()
         };
         Some(Needle {
-            exact: fp(Stream::Exact, &exact),
+            exact: match mode {
+                MatchMode::Text => fp(Stream::Exact, &exact),
+                MatchMode::Caseless => Vec::new(),
+            },
             caseless: fp(Stream::Caseless, &caseless),
-            skeleton: fp(Stream::Skeleton, &skeleton),
             short,
             invisible: text.chars().any(is_invisible),
+            text,
         })
+    }
+
+    /// The needle's skeleton fingerprints.
+    fn skeleton(&self, needle: &Needle) -> Vec<u64> {
+        skeleton_tokens(&needle.text)
+            .iter()
+            .map(|t| self.key.fingerprint(Stream::Skeleton, t))
+            .collect()
     }
 
     fn postings(&self, stream: Stream) -> &[Posting] {
@@ -479,7 +495,7 @@ impl SourceIndex {
     /// the `untrusted` origin, which vouches for nothing a rule guards).
     pub fn provenance(&self, path: String, value: &Value, mode: MatchMode) -> ValueProvenance {
         let path = cut(path, super::path::MAX_CONCRETE_PATH_LEN);
-        let Some(needle) = self.needle(value) else {
+        let Some(needle) = self.needle(value, mode) else {
             return ValueProvenance::nowhere(path, self.has_unsearchable());
         };
         let vouching = |f: &Field| f.origin != Origin::Untrusted;
@@ -544,7 +560,7 @@ impl SourceIndex {
                 let mut look_alikes = Vec::new();
                 self.find(
                     Stream::Skeleton,
-                    &needle.skeleton,
+                    &self.skeleton(&needle),
                     needle.short,
                     vouching,
                     &mut look_alikes,
@@ -650,6 +666,7 @@ impl SourceIndex {
                 what: "source count",
             });
         }
+        let mut seen = std::collections::BTreeSet::new();
         for _ in 0..n_sources {
             let id =
                 SourceId::parse(r.str()?).map_err(|_| IndexError::Corrupt { what: "source id" })?;
@@ -672,7 +689,7 @@ impl SourceIndex {
                     });
                 }
             };
-            if index.sources.iter().any(|s| s.id == id) {
+            if !seen.insert(id.clone()) {
                 return Err(IndexError::Corrupt {
                     what: "duplicate source id",
                 });
@@ -763,6 +780,32 @@ impl SourceIndex {
         index.add_postings(0);
         Ok(index)
     }
+}
+
+/// Merge two sorted posting lists.
+fn merge(a: Vec<Posting>, b: Vec<Posting>) -> Vec<Posting> {
+    if a.is_empty() {
+        return b;
+    }
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let mut a = a.into_iter().peekable();
+    let mut b = b.into_iter().peekable();
+    loop {
+        let next = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) => {
+                if x <= y {
+                    a.next()
+                } else {
+                    b.next()
+                }
+            }
+            (Some(_), None) => a.next(),
+            (None, Some(_)) => b.next(),
+            (None, None) => break,
+        };
+        out.extend(next);
+    }
+    out
 }
 
 /// Walk a recorded value: every scalar leaf becomes a field with its
