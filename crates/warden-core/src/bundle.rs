@@ -274,14 +274,7 @@ impl Policy {
         let catalogue = match ActionCatalogue::compile(&spec.actions) {
             Ok(c) => Some(c),
             Err(e) => {
-                let loc = match e.action() {
-                    Some(a) => match e.rule() {
-                        Some(r) => format!("actions.{a}.rules[{r}]"),
-                        None => format!("actions.{a}"),
-                    },
-                    None => "actions".into(),
-                };
-                push(loc, e.to_string());
+                push(e.location(), e.to_string());
                 None
             }
         };
@@ -452,6 +445,22 @@ impl Policy {
             .filter(|a| set.contains(a.index().get()))
             .map(|a| a.name().clone())
             .collect()
+    }
+
+    /// One line per provenance rule, output trust and outbound read of
+    /// every bundle-declared action, prefixed with the action's location
+    /// (`actions.send_money: argument ...`), for `warden policy lint`.
+    pub fn explain_provenance(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for action in self.catalogue.iter() {
+            if !self.spec.actions.contains_key(action.name()) {
+                continue;
+            }
+            for line in action.provenance().explain() {
+                out.push(format!("actions.{}: {line}", action.name()));
+            }
+        }
+        out
     }
 
     /// The quota that applies to `agent`.

@@ -18,6 +18,8 @@
 //! - [`sop`]: strict SOP parsing.
 //! - [`lockdown`]: the delegation write-surface predicate and config checks.
 //! - [`envelope`]: context envelopes, aggregation, delegation, signatures.
+//! - [`provenance`]: value provenance: normalised matching against keyed
+//!   fingerprints of recorded sources, and the per-argument gate.
 
 pub mod audit;
 pub mod bundle;
@@ -32,6 +34,7 @@ pub mod json;
 pub mod lockdown;
 pub mod memory;
 pub mod preflight;
+pub mod provenance;
 pub mod sop;
 pub mod time;
 

@@ -38,6 +38,7 @@ use serde_json::{Map, Value, json};
 
 use crate::decision::{Reason, reasons::UNKNOWN_ACTION};
 use crate::ids::{ActionName, Label, MAX_IDENTIFIER_LEN};
+use crate::provenance::{ActionProvenance, ProvenanceSpecError};
 
 pub(crate) use rules::encoded_json_len_exceeds;
 use rules::{CompiledRule, one_line};
@@ -211,6 +212,14 @@ pub enum CatalogueError {
         /// The limit.
         field: &'static str,
     },
+    /// The action's `provenance`, `output` or `outbound_read` is invalid.
+    #[error("action `{action}`: {error}")]
+    Provenance {
+        /// The action.
+        action: ActionName,
+        /// What is wrong.
+        error: ProvenanceSpecError,
+    },
     /// More actions than an [`ActionIndex`] can number.
     #[error("the catalogue declares {count} actions, the limit is {max}")]
     TooManyActions {
@@ -233,7 +242,8 @@ impl CatalogueError {
             | CatalogueError::InvalidHost { action, .. }
             | CatalogueError::InvalidScheme { action, .. }
             | CatalogueError::InvalidMimeType { action, .. }
-            | CatalogueError::InvalidLimit { action, .. } => Some(action),
+            | CatalogueError::InvalidLimit { action, .. }
+            | CatalogueError::Provenance { action, .. } => Some(action),
             CatalogueError::TooManyActions { .. } => None,
         }
     }
@@ -252,6 +262,21 @@ impl CatalogueError {
             _ => None,
         }
     }
+
+    /// Where the error is in the bundle: `actions.<name>.rules[<i>]`,
+    /// `actions.<name>.provenance[<i>]`, `actions.<name>`, or `actions`.
+    pub fn location(&self) -> String {
+        match (self.action(), self) {
+            (Some(a), CatalogueError::Provenance { error, .. }) => {
+                format!("actions.{a}.{}", error.location())
+            }
+            (Some(a), _) => match self.rule() {
+                Some(r) => format!("actions.{a}.rules[{r}]"),
+                None => format!("actions.{a}"),
+            },
+            (None, _) => "actions".to_owned(),
+        }
+    }
 }
 
 /// One compiled action.
@@ -265,6 +290,7 @@ pub struct CompiledAction {
     /// The built-in schema (if any) first, then the bundle's.
     schemas: Vec<Validator>,
     rules: Vec<CompiledRule>,
+    provenance: ActionProvenance,
 }
 
 impl fmt::Debug for CompiledAction {
@@ -277,6 +303,7 @@ impl fmt::Debug for CompiledAction {
             .field("output_labels", &self.output_labels)
             .field("schemas", &self.schemas.len())
             .field("rules", &self.rules)
+            .field("provenance", &self.provenance)
             .finish()
     }
 }
@@ -310,6 +337,17 @@ impl CompiledAction {
     /// Labels its results always carry, sorted and deduplicated.
     pub fn output_labels(&self) -> &[Label] {
         &self.output_labels
+    }
+
+    /// Its provenance rules, output trust and outbound-read flag.
+    pub fn provenance(&self) -> &ActionProvenance {
+        &self.provenance
+    }
+
+    /// Whether calling it is an effect: tagged `state_changing`, or an
+    /// outbound read.
+    pub fn is_effect(&self) -> bool {
+        self.provenance.is_outbound_read() || self.has_tag("state_changing")
     }
 
     /// Whether it has at least one argument schema.
@@ -531,6 +569,7 @@ fn compile_action(
     let mut output_labels = Vec::new();
     let mut schemas = Vec::new();
     let mut rules = Vec::new();
+    let mut provenance = ActionProvenance::default();
     // The bundle's limits win; a built-in only supplies defaults.
     let limits = bundle.or(builtin).map(|s| s.limits).unwrap_or_default();
     if limits.timeout_ms == 0 {
@@ -554,6 +593,13 @@ fn compile_action(
         for (position, rule) in spec.rules.iter().enumerate() {
             rules.push(CompiledRule::compile(name, position, rule)?);
         }
+        let output = spec.output.clone().unwrap_or_default();
+        let compiled = ActionProvenance::compile(&spec.provenance, &output, spec.outbound_read)
+            .map_err(|error| CatalogueError::Provenance {
+                action: name.clone(),
+                error,
+            })?;
+        provenance.extend(compiled, spec.output.is_some());
     }
     tags.sort();
     tags.dedup();
@@ -567,6 +613,7 @@ fn compile_action(
         output_labels,
         schemas,
         rules,
+        provenance,
     })
 }
 

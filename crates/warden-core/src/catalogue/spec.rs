@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::ids::Label;
+use crate::provenance::{OutputSpec, ProvenanceRuleSpec};
 
 /// One action as declared in the policy bundle.
 ///
@@ -34,6 +35,17 @@ pub struct ActionSpec {
     /// Labels every result of this action carries.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub output_labels: Vec<Label>,
+    /// Provenance rules: where each guarded argument's values must come
+    /// from (see [`crate::provenance`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub provenance: Vec<ProvenanceRuleSpec>,
+    /// The trust of the action's results (default: every field untrusted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<OutputSpec>,
+    /// The action fetches something its arguments name (a URL the model
+    /// chose): an effect even though it reads. Needs a provenance rule.
+    #[serde(skip_serializing_if = "is_false")]
+    pub outbound_read: bool,
 }
 
 /// Limits the runtime applies when it executes an action.

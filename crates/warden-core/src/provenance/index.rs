@@ -1,0 +1,908 @@
+//! The [`SourceIndex`]: keyed fingerprints of everything a session has seen,
+//! per field, in order, and the search that answers "does this value occur
+//! whole in that field".
+
+use serde_json::{Number, Value};
+
+use super::fingerprint::{FingerprintKey, Stream};
+use super::normalise::{
+    caseless_tokens, exact_tokens, is_invisible, significant_chars, skeleton_tokens,
+};
+use super::path::{Concrete, cut, render};
+use super::rules::{MatchMode, OutputTrust};
+use super::{IndexError, Origin, OriginHit, SourceId, SourceKind, ValueProvenance};
+use crate::ids::{ActionName, AgentId};
+
+/// Values with fewer alphanumeric characters than this are *short*: they
+/// are vouched for only by a whole-field match, never by occurring inside
+/// a longer field.
+pub const MIN_SIGNIFICANT_CHARS: usize = 3;
+/// Deepest nesting of a recorded value that is indexed; anything deeper is
+/// recorded as unsearchable.
+pub const MAX_RECORD_DEPTH: usize = 64;
+/// Most origin hits kept in one [`ValueProvenance`] (the first per origin
+/// and memory owner, in recording order).
+pub const MAX_HITS: usize = 8;
+
+/// Bounds on what one index records. Over a bound, the index keeps going
+/// but what does not fit is *unsearchable*: it can vouch for nothing, and
+/// the index reports that it holds unsearchable content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexLimits {
+    /// Most bytes of recorded leaf text (UTF-8), all sources together.
+    pub max_bytes: u64,
+    /// Most fields (recorded leaves), all sources together.
+    pub max_fields: u32,
+    /// Most sources remembered by id.
+    pub max_sources: u32,
+}
+
+impl Default for IndexLimits {
+    fn default() -> Self {
+        Self {
+            max_bytes: 1024 * 1024,
+            max_fields: 65_536,
+            max_sources: 4_096,
+        }
+    }
+}
+
+/// What one recording did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RecordOutcome {
+    /// Fields indexed.
+    pub fields_indexed: u32,
+    /// Fields (or subtrees too deep to walk) recorded as unsearchable.
+    pub fields_unsearchable: u32,
+    /// Bytes of leaf text in the unsearchable fields.
+    pub bytes_unsearchable: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Source {
+    id: SourceId,
+    kind: SourceKind,
+    unsearchable_fields: u32,
+    unsearchable_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Field {
+    source: u32,
+    path: Box<str>,
+    origin: Origin,
+    /// Empty for untrusted fields (their caseless stream is searched).
+    exact: Vec<u64>,
+    caseless: Vec<u64>,
+    /// Empty for untrusted fields (no look-alike check against them).
+    skeleton: Vec<u64>,
+}
+
+impl Field {
+    fn stream(&self, stream: Stream) -> &[u64] {
+        match stream {
+            Stream::Exact => &self.exact,
+            Stream::Skeleton => &self.skeleton,
+            Stream::Caseless | Stream::KeyCheck => &self.caseless,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Posting {
+    fp: u64,
+    field: u32,
+    pos: u32,
+}
+
+/// The recorded sources of one session, as keyed fingerprints of
+/// normalised tokens per field. See the module docs of [`super`] for the
+/// matching rules.
+#[derive(Debug, Clone)]
+pub struct SourceIndex {
+    key: FingerprintKey,
+    limits: IndexLimits,
+    sources: Vec<Source>,
+    fields: Vec<Field>,
+    recorded_bytes: u64,
+    /// Sources past `max_sources` (not remembered by id).
+    forgotten_sources: u32,
+    /// A bound was reached: everything recorded since is unsearchable.
+    overflowed: bool,
+    exact_postings: Vec<Posting>,
+    caseless_postings: Vec<Posting>,
+    skeleton_postings: Vec<Posting>,
+}
+
+impl PartialEq for SourceIndex {
+    /// Same recorded state under the same key.
+    fn eq(&self, other: &Self) -> bool {
+        self.key.check_value() == other.key.check_value()
+            && self.limits == other.limits
+            && self.sources == other.sources
+            && self.fields == other.fields
+            && self.recorded_bytes == other.recorded_bytes
+            && self.forgotten_sources == other.forgotten_sources
+            && self.overflowed == other.overflowed
+    }
+}
+
+/// A leaf of a recorded value, before fingerprinting.
+struct Leaf {
+    path: String,
+    origin: Origin,
+    text: String,
+}
+
+/// The text a JSON number is matched as: integers in decimal, floats in
+/// their shortest round-trip decimal form without exponent (so `1e2` is
+/// `100`); [`super::normalise::canonical_number`] then drops trailing zeros.
+pub(crate) fn number_text(n: &Number) -> String {
+    if let Some(i) = n.as_i64() {
+        i.to_string()
+    } else if let Some(u) = n.as_u64() {
+        u.to_string()
+    } else {
+        n.as_f64().map(|f| f.to_string()).unwrap_or_default()
+    }
+}
+
+/// The matchable text of a scalar, `None` for arrays and objects.
+fn scalar_text(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(number_text(n)),
+        Value::Bool(b) => Some(b.to_string()),
+        Value::Null => Some("null".to_owned()),
+        Value::Array(_) | Value::Object(_) => None,
+    }
+}
+
+/// A value prepared for search.
+pub(crate) struct Needle {
+    /// The text, for the skeleton, which is computed only when needed.
+    text: String,
+    exact: Vec<u64>,
+    caseless: Vec<u64>,
+    /// Only whole-field matches count.
+    short: bool,
+    /// The value holds default-ignorable or bidi-control characters.
+    invisible: bool,
+}
+
+impl SourceIndex {
+    /// An empty index with default limits.
+    pub fn new(key: FingerprintKey) -> Self {
+        Self::with_limits(key, IndexLimits::default())
+    }
+
+    /// An empty index with the given limits.
+    pub fn with_limits(key: FingerprintKey, limits: IndexLimits) -> Self {
+        Self {
+            key,
+            limits,
+            sources: Vec::new(),
+            fields: Vec::new(),
+            recorded_bytes: 0,
+            forgotten_sources: 0,
+            overflowed: false,
+            exact_postings: Vec::new(),
+            caseless_postings: Vec::new(),
+            skeleton_postings: Vec::new(),
+        }
+    }
+
+    /// The limits it was built with.
+    pub fn limits(&self) -> IndexLimits {
+        self.limits
+    }
+
+    /// Bytes of leaf text indexed so far.
+    pub fn recorded_bytes(&self) -> u64 {
+        self.recorded_bytes
+    }
+
+    /// Number of sources remembered by id.
+    pub fn source_count(&self) -> usize {
+        self.sources.len()
+    }
+
+    /// Number of indexed fields.
+    pub fn field_count(&self) -> usize {
+        self.fields.len()
+    }
+
+    /// Whether anything recorded could not be indexed (over a bound or too
+    /// deep). Such content vouches for nothing.
+    pub fn has_unsearchable(&self) -> bool {
+        self.overflowed
+            || self.forgotten_sources > 0
+            || self.sources.iter().any(|s| s.unsearchable_fields > 0)
+    }
+
+    /// Record the session's trusted inputs (origin `user`).
+    pub fn record_user(
+        &mut self,
+        id: SourceId,
+        value: &Value,
+    ) -> Result<RecordOutcome, IndexError> {
+        self.record(id, SourceKind::User, value, |_| Origin::User)
+    }
+
+    /// Record the admitted plan's literals (origin `plan`).
+    pub fn record_plan(
+        &mut self,
+        id: SourceId,
+        value: &Value,
+    ) -> Result<RecordOutcome, IndexError> {
+        self.record(id, SourceKind::Plan, value, |_| Origin::Plan)
+    }
+
+    /// Record a memory value the session resolved (origin `memory`, with
+    /// its owner).
+    pub fn record_memory(
+        &mut self,
+        id: SourceId,
+        owner: AgentId,
+        value: &Value,
+    ) -> Result<RecordOutcome, IndexError> {
+        self.record(id, SourceKind::Memory { owner }, value, |_| Origin::Memory)
+    }
+
+    /// Record an action's result, each field `trusted` or `untrusted` as
+    /// `trust` (the action's compiled output trust) says. For an action the
+    /// catalogue does not know, pass [`OutputTrust::untrusted`]. The trust is
+    /// fixed at recording: a later policy never upgrades what was recorded.
+    pub fn record_result(
+        &mut self,
+        id: SourceId,
+        action: ActionName,
+        trust: &OutputTrust,
+        value: &Value,
+    ) -> Result<RecordOutcome, IndexError> {
+        self.record(id, SourceKind::Result { action }, value, |path| {
+            trust.origin_of(path)
+        })
+    }
+
+    fn record(
+        &mut self,
+        id: SourceId,
+        kind: SourceKind,
+        value: &Value,
+        origin_of: impl Fn(&[Concrete<'_>]) -> Origin,
+    ) -> Result<RecordOutcome, IndexError> {
+        if self.sources.iter().any(|s| s.id == id) {
+            return Err(IndexError::DuplicateSource { id: id.to_string() });
+        }
+        let mut leaves = Vec::new();
+        let mut too_deep = 0u32;
+        walk(
+            value,
+            &mut Vec::new(),
+            &origin_of,
+            &mut leaves,
+            &mut too_deep,
+        );
+        let mut outcome = RecordOutcome {
+            fields_unsearchable: too_deep,
+            ..RecordOutcome::default()
+        };
+        if u32::try_from(self.sources.len()).map_or(true, |n| n >= self.limits.max_sources) {
+            self.forgotten_sources = self.forgotten_sources.saturating_add(1);
+            self.overflowed = true;
+            outcome.fields_unsearchable = outcome
+                .fields_unsearchable
+                .saturating_add(u32::try_from(leaves.len()).unwrap_or(u32::MAX));
+            outcome.bytes_unsearchable = leaves.iter().map(|l| l.text.len() as u64).sum();
+            return Ok(outcome);
+        }
+        let source = u32::try_from(self.sources.len()).unwrap_or(u32::MAX);
+        let first_new = self.fields.len();
+        for leaf in leaves {
+            let bytes = leaf.text.len() as u64;
+            let fits = !self.overflowed
+                && self.recorded_bytes.saturating_add(bytes) <= self.limits.max_bytes
+                && u32::try_from(self.fields.len()).is_ok_and(|n| n < self.limits.max_fields);
+            if !fits {
+                self.overflowed = true;
+                outcome.fields_unsearchable = outcome.fields_unsearchable.saturating_add(1);
+                outcome.bytes_unsearchable = outcome.bytes_unsearchable.saturating_add(bytes);
+                continue;
+            }
+            self.recorded_bytes += bytes;
+            outcome.fields_indexed += 1;
+            let field = self.fingerprint_field(source, leaf);
+            self.fields.push(field);
+        }
+        self.sources.push(Source {
+            id,
+            kind,
+            unsearchable_fields: outcome.fields_unsearchable,
+            unsearchable_bytes: outcome.bytes_unsearchable,
+        });
+        self.add_postings(first_new);
+        Ok(outcome)
+    }
+
+    fn fingerprint_field(&self, source: u32, leaf: Leaf) -> Field {
+        let exact = exact_tokens(&leaf.text);
+        let caseless = caseless_tokens(&exact);
+        let vouching = leaf.origin != Origin::Untrusted;
+        let fp = |stream, tokens: &[String]| -> Vec<u64> {
+            tokens
+                .iter()
+                .map(|t| self.key.fingerprint(stream, t))
+                .collect()
+        };
+        Field {
+            source,
+            path: leaf.path.into_boxed_str(),
+            origin: leaf.origin,
+            exact: if vouching {
+                fp(Stream::Exact, &exact)
+            } else {
+                Vec::new()
+            },
+            caseless: fp(Stream::Caseless, &caseless),
+            skeleton: if vouching {
+                fp(Stream::Skeleton, &skeleton_tokens(&leaf.text))
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    /// Add the postings of fields `first..`, keeping each list sorted: the
+    /// new postings are sorted on their own and merged in, so recording
+    /// costs linear time in the index, not a full re-sort.
+    fn add_postings(&mut self, first: usize) {
+        for stream in [Stream::Exact, Stream::Caseless, Stream::Skeleton] {
+            let mut new = Vec::new();
+            for (i, field) in self.fields.iter().enumerate().skip(first) {
+                let Ok(f) = u32::try_from(i) else { break };
+                for (pos, fp) in field.stream(stream).iter().enumerate() {
+                    new.push(Posting {
+                        fp: *fp,
+                        field: f,
+                        pos: u32::try_from(pos).unwrap_or(u32::MAX),
+                    });
+                }
+            }
+            if new.is_empty() {
+                continue;
+            }
+            new.sort_unstable();
+            let list = match stream {
+                Stream::Exact => &mut self.exact_postings,
+                Stream::Skeleton => &mut self.skeleton_postings,
+                Stream::Caseless | Stream::KeyCheck => &mut self.caseless_postings,
+            };
+            *list = merge(std::mem::take(list), new);
+        }
+    }
+
+    /// Prepare a scalar value for search; `None` for arrays and objects.
+    pub(crate) fn needle(&self, value: &Value, mode: MatchMode) -> Option<Needle> {
+        let text = scalar_text(value)?;
+        let exact = exact_tokens(&text);
+        let caseless = caseless_tokens(&exact);
+        let short = matches!(value, Value::Bool(_) | Value::Null)
+            || significant_chars(&exact) < MIN_SIGNIFICANT_CHARS;
+        let fp = |stream, tokens: &[String]| -> Vec<u64> {
+            tokens
+                .iter()
+                .map(|t| self.key.fingerprint(stream, t))
+                .collect()
+        };
+        Some(Needle {
+            exact: match mode {
+                MatchMode::Text => fp(Stream::Exact, &exact),
+                MatchMode::Caseless => Vec::new(),
+            },
+            caseless: fp(Stream::Caseless, &caseless),
+            short,
+            invisible: text.chars().any(is_invisible),
+            text,
+        })
+    }
+
+    /// The needle's skeleton fingerprints.
+    fn skeleton(&self, needle: &Needle) -> Vec<u64> {
+        skeleton_tokens(&needle.text)
+            .iter()
+            .map(|t| self.key.fingerprint(Stream::Skeleton, t))
+            .collect()
+    }
+
+    fn postings(&self, stream: Stream) -> &[Posting] {
+        match stream {
+            Stream::Exact => &self.exact_postings,
+            Stream::Skeleton => &self.skeleton_postings,
+            Stream::Caseless | Stream::KeyCheck => &self.caseless_postings,
+        }
+    }
+
+    /// Fields (sorted, unique) in which `tokens` occur as a whole run (or,
+    /// for a short value, as the whole field), searching `stream`'s
+    /// postings and keeping fields that `keep` accepts.
+    fn find(
+        &self,
+        stream: Stream,
+        tokens: &[u64],
+        short: bool,
+        keep: impl Fn(&Field) -> bool,
+        out: &mut Vec<u32>,
+    ) {
+        let Some(first) = tokens.first() else {
+            return;
+        };
+        let postings = self.postings(stream);
+        let start = postings.partition_point(|p| p.fp < *first);
+        let mut last = None;
+        for p in postings.get(start..).unwrap_or(&[]) {
+            if p.fp != *first {
+                break;
+            }
+            if last == Some(p.field) {
+                continue;
+            }
+            let Some(field) = self.fields.get(p.field as usize) else {
+                continue;
+            };
+            if !keep(field) {
+                continue;
+            }
+            let stream_tokens = field.stream(stream);
+            if short && (p.pos != 0 || stream_tokens.len() != tokens.len()) {
+                continue;
+            }
+            let pos = p.pos as usize;
+            if stream_tokens.get(pos..pos + tokens.len()) == Some(tokens) {
+                out.push(p.field);
+                last = Some(p.field);
+            }
+        }
+    }
+
+    fn hit(&self, field: u32) -> Option<(OriginHit, Option<&AgentId>)> {
+        let f = self.fields.get(field as usize)?;
+        let source = self.sources.get(f.source as usize)?;
+        let owner = match &source.kind {
+            SourceKind::Memory { owner } => Some(owner),
+            _ => None,
+        };
+        Some((
+            OriginHit {
+                origin: f.origin,
+                source: source.id.clone(),
+                field: f.path.to_string(),
+                owner: owner.cloned(),
+            },
+            owner,
+        ))
+    }
+
+    /// Where a scalar value occurs: every origin, the first hit per origin
+    /// (and memory owner), whether it is short, whether it carries invisible
+    /// characters, and, when no vouching source holds it even caselessly,
+    /// the first vouching source that holds a look-alike (same TR39
+    /// skeleton). `path` is the concrete argument path, for the report.
+    ///
+    /// `mode` picks the comparison for vouching fields: [`MatchMode::Text`]
+    /// is case-sensitive, [`MatchMode::Caseless`] folds case. Untrusted
+    /// fields are always compared caselessly (a superset: it can only add
+    /// the `untrusted` origin, which vouches for nothing a rule guards).
+    pub fn provenance(&self, path: String, value: &Value, mode: MatchMode) -> ValueProvenance {
+        let path = cut(path, super::path::MAX_CONCRETE_PATH_LEN);
+        let Some(needle) = self.needle(value, mode) else {
+            return ValueProvenance::nowhere(path, self.has_unsearchable());
+        };
+        let vouching = |f: &Field| f.origin != Origin::Untrusted;
+        let mut fields = Vec::new();
+        match mode {
+            MatchMode::Text => self.find(
+                Stream::Exact,
+                &needle.exact,
+                needle.short,
+                vouching,
+                &mut fields,
+            ),
+            MatchMode::Caseless => self.find(
+                Stream::Caseless,
+                &needle.caseless,
+                needle.short,
+                vouching,
+                &mut fields,
+            ),
+        }
+        self.find(
+            Stream::Caseless,
+            &needle.caseless,
+            needle.short,
+            |f| f.origin == Origin::Untrusted,
+            &mut fields,
+        );
+        fields.sort_unstable();
+        fields.dedup();
+
+        let mut origins: Vec<Origin> = Vec::new();
+        let mut hits: Vec<OriginHit> = Vec::new();
+        for &f in &fields {
+            let Some((hit, _)) = self.hit(f) else {
+                continue;
+            };
+            if !origins.contains(&hit.origin) {
+                origins.push(hit.origin);
+            }
+            let seen = hits
+                .iter()
+                .any(|h| h.origin == hit.origin && h.owner == hit.owner);
+            if !seen && hits.len() < MAX_HITS {
+                hits.push(hit);
+            }
+        }
+        origins.sort_unstable();
+
+        let mut confusable_with = None;
+        if !origins.iter().any(|o| o.vouches()) {
+            // A case variant of a vouching source is not a look-alike: it is
+            // unvouched under `text`, nothing more.
+            let mut caseless = Vec::new();
+            self.find(
+                Stream::Caseless,
+                &needle.caseless,
+                needle.short,
+                vouching,
+                &mut caseless,
+            );
+            if caseless.is_empty() {
+                let mut look_alikes = Vec::new();
+                self.find(
+                    Stream::Skeleton,
+                    &self.skeleton(&needle),
+                    needle.short,
+                    vouching,
+                    &mut look_alikes,
+                );
+                look_alikes.sort_unstable();
+                confusable_with = look_alikes
+                    .first()
+                    .and_then(|f| self.hit(*f))
+                    .map(|(h, _)| h);
+            }
+        }
+        if origins.is_empty() {
+            origins.push(Origin::None);
+        }
+        ValueProvenance {
+            path,
+            origins,
+            hits,
+            short: needle.short,
+            invisible: needle.invisible,
+            confusable_with,
+            unsearchable_content: self.has_unsearchable(),
+        }
+    }
+
+    /// The index as bytes: a versioned binary encoding of the sources, the
+    /// fields' paths and origins and their fingerprints, never any text.
+    /// Restore with [`SourceIndex::from_bytes`] and the same key.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut w = Writer(Vec::with_capacity(64 + self.fields.len() * 32));
+        w.0.extend_from_slice(MAGIC);
+        w.u64(self.key.check_value());
+        w.u64(self.limits.max_bytes);
+        w.u32(self.limits.max_fields);
+        w.u32(self.limits.max_sources);
+        w.u64(self.recorded_bytes);
+        w.u32(self.forgotten_sources);
+        w.u8(u8::from(self.overflowed));
+        w.len(self.sources.len());
+        for s in &self.sources {
+            w.str(s.id.as_str());
+            match &s.kind {
+                SourceKind::User => w.u8(0),
+                SourceKind::Plan => w.u8(1),
+                SourceKind::Memory { owner } => {
+                    w.u8(2);
+                    w.str(owner.as_str());
+                }
+                SourceKind::Result { action } => {
+                    w.u8(3);
+                    w.str(action.as_str());
+                }
+            }
+            w.u32(s.unsearchable_fields);
+            w.u64(s.unsearchable_bytes);
+        }
+        w.len(self.fields.len());
+        for f in &self.fields {
+            w.u32(f.source);
+            w.str(&f.path);
+            w.u8(f.origin.code());
+            for stream in [&f.exact, &f.caseless, &f.skeleton] {
+                w.len(stream.len());
+                for fp in stream {
+                    w.u64(*fp);
+                }
+            }
+        }
+        w.0
+    }
+
+    /// Restore an index from [`SourceIndex::to_bytes`]. Refused (nothing
+    /// restored) if the bytes are malformed, inconsistent, over their own
+    /// limits, or were made with another key.
+    pub fn from_bytes(bytes: &[u8], key: FingerprintKey) -> Result<Self, IndexError> {
+        let mut r = Reader(bytes);
+        if r.take(MAGIC.len())? != MAGIC {
+            return Err(IndexError::Corrupt { what: "header" });
+        }
+        if r.u64()? != key.check_value() {
+            return Err(IndexError::WrongKey);
+        }
+        let limits = IndexLimits {
+            max_bytes: r.u64()?,
+            max_fields: r.u32()?,
+            max_sources: r.u32()?,
+        };
+        let mut index = Self::with_limits(key, limits);
+        index.recorded_bytes = r.u64()?;
+        index.forgotten_sources = r.u32()?;
+        index.overflowed = match r.u8()? {
+            0 => false,
+            1 => true,
+            _ => {
+                return Err(IndexError::Corrupt {
+                    what: "overflow flag",
+                });
+            }
+        };
+        let n_sources = r.u32()?;
+        if n_sources > limits.max_sources {
+            return Err(IndexError::Corrupt {
+                what: "source count",
+            });
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..n_sources {
+            let id =
+                SourceId::parse(r.str()?).map_err(|_| IndexError::Corrupt { what: "source id" })?;
+            let kind = match r.u8()? {
+                0 => SourceKind::User,
+                1 => SourceKind::Plan,
+                2 => SourceKind::Memory {
+                    owner: AgentId::parse(r.str()?).map_err(|_| IndexError::Corrupt {
+                        what: "memory owner",
+                    })?,
+                },
+                3 => SourceKind::Result {
+                    action: ActionName::parse(r.str()?).map_err(|_| IndexError::Corrupt {
+                        what: "action name",
+                    })?,
+                },
+                _ => {
+                    return Err(IndexError::Corrupt {
+                        what: "source kind",
+                    });
+                }
+            };
+            if !seen.insert(id.clone()) {
+                return Err(IndexError::Corrupt {
+                    what: "duplicate source id",
+                });
+            }
+            index.sources.push(Source {
+                id,
+                kind,
+                unsearchable_fields: r.u32()?,
+                unsearchable_bytes: r.u64()?,
+            });
+        }
+        let n_fields = r.u32()?;
+        if n_fields > limits.max_fields {
+            return Err(IndexError::Corrupt {
+                what: "field count",
+            });
+        }
+        let mut previous_source = 0;
+        for _ in 0..n_fields {
+            let source = r.u32()?;
+            let Some(s) = index.sources.get(source as usize) else {
+                return Err(IndexError::Corrupt {
+                    what: "field source",
+                });
+            };
+            if source < previous_source {
+                return Err(IndexError::Corrupt {
+                    what: "field order",
+                });
+            }
+            previous_source = source;
+            let path: Box<str> = r.str()?.into();
+            let origin =
+                Origin::from_code(r.u8()?).ok_or(IndexError::Corrupt { what: "origin" })?;
+            let consistent = match &s.kind {
+                SourceKind::User => origin == Origin::User,
+                SourceKind::Plan => origin == Origin::Plan,
+                SourceKind::Memory { .. } => origin == Origin::Memory,
+                SourceKind::Result { .. } => {
+                    matches!(origin, Origin::Trusted | Origin::Untrusted)
+                }
+            };
+            if !consistent {
+                return Err(IndexError::Corrupt { what: "origin" });
+            }
+            let mut streams: [Vec<u64>; 3] = Default::default();
+            for stream in &mut streams {
+                let n = r.u32()? as usize;
+                if n > r.0.len() / 8 {
+                    return Err(IndexError::Corrupt {
+                        what: "stream length",
+                    });
+                }
+                stream.reserve(n);
+                for _ in 0..n {
+                    stream.push(r.u64()?);
+                }
+            }
+            let [exact, caseless, skeleton] = streams;
+            let vouching = origin != Origin::Untrusted;
+            let consistent = if vouching {
+                exact.len() == caseless.len()
+            } else {
+                exact.is_empty() && skeleton.is_empty()
+            };
+            if !consistent {
+                return Err(IndexError::Corrupt { what: "streams" });
+            }
+            index.fields.push(Field {
+                source,
+                path,
+                origin,
+                exact,
+                caseless,
+                skeleton,
+            });
+        }
+        if !r.0.is_empty() {
+            return Err(IndexError::Corrupt {
+                what: "trailing bytes",
+            });
+        }
+        if index.recorded_bytes > limits.max_bytes {
+            return Err(IndexError::Corrupt {
+                what: "recorded bytes",
+            });
+        }
+        index.add_postings(0);
+        Ok(index)
+    }
+}
+
+/// Merge two sorted posting lists.
+fn merge(a: Vec<Posting>, b: Vec<Posting>) -> Vec<Posting> {
+    if a.is_empty() {
+        return b;
+    }
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let mut a = a.into_iter().peekable();
+    let mut b = b.into_iter().peekable();
+    loop {
+        let next = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) => {
+                if x <= y {
+                    a.next()
+                } else {
+                    b.next()
+                }
+            }
+            (Some(_), None) => a.next(),
+            (None, Some(_)) => b.next(),
+            (None, None) => break,
+        };
+        out.extend(next);
+    }
+    out
+}
+
+/// Walk a recorded value: every scalar leaf becomes a field with its
+/// concrete path and origin; subtrees deeper than [`MAX_RECORD_DEPTH`] are
+/// counted in `too_deep` instead.
+fn walk<'a>(
+    value: &'a Value,
+    path: &mut Vec<Concrete<'a>>,
+    origin_of: &impl Fn(&[Concrete<'_>]) -> Origin,
+    out: &mut Vec<Leaf>,
+    too_deep: &mut u32,
+) {
+    if path.len() > MAX_RECORD_DEPTH {
+        *too_deep = too_deep.saturating_add(1);
+        return;
+    }
+    match value {
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                path.push(Concrete::Index(i));
+                walk(v, path, origin_of, out, too_deep);
+                path.pop();
+            }
+        }
+        Value::Object(map) => {
+            for (k, v) in map {
+                path.push(Concrete::Key(k));
+                walk(v, path, origin_of, out, too_deep);
+                path.pop();
+            }
+        }
+        scalar => {
+            if let Some(text) = scalar_text(scalar) {
+                out.push(Leaf {
+                    path: render(path),
+                    origin: origin_of(path),
+                    text,
+                });
+            }
+        }
+    }
+}
+
+const MAGIC: &[u8] = b"WPI\x01";
+
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn len(&mut self, n: usize) {
+        self.u32(u32::try_from(n).unwrap_or(u32::MAX));
+    }
+    fn str(&mut self, s: &str) {
+        self.len(s.len());
+        self.0.extend_from_slice(s.as_bytes());
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], IndexError> {
+        if self.0.len() < n {
+            return Err(IndexError::Corrupt { what: "truncated" });
+        }
+        let (head, tail) = self.0.split_at(n);
+        self.0 = tail;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8, IndexError> {
+        self.take(1)?
+            .first()
+            .copied()
+            .ok_or(IndexError::Corrupt { what: "truncated" })
+    }
+    fn u32(&mut self) -> Result<u32, IndexError> {
+        let b = self.take(4)?;
+        b.try_into()
+            .map(u32::from_le_bytes)
+            .map_err(|_| IndexError::Corrupt { what: "truncated" })
+    }
+    fn u64(&mut self) -> Result<u64, IndexError> {
+        let b = self.take(8)?;
+        b.try_into()
+            .map(u64::from_le_bytes)
+            .map_err(|_| IndexError::Corrupt { what: "truncated" })
+    }
+    fn str(&mut self) -> Result<&'a str, IndexError> {
+        let n = self.u32()? as usize;
+        std::str::from_utf8(self.take(n)?).map_err(|_| IndexError::Corrupt { what: "string" })
+    }
+}

@@ -1,0 +1,246 @@
+//! Normalisation and tokenisation, the same on both sides of a match.
+//!
+//! A token is a maximal run of word characters (letters, digits, combining
+//! marks), a decimal number (`98.70`: digits, a dot, digits), or any other
+//! single non-whitespace character (`@`, `.`, `-`, `/`, `'`, ...).
+//! Whitespace only separates. Three token forms are produced from one text
+//! (see the module docs of [`super`] for why each exists):
+//!
+//! - *exact*: NFC, tokenised, numbers in canonical form. Case and invisible
+//!   characters are kept (an invisible character is a token of its own).
+//! - *caseless*: the exact form, lowercased (Unicode lowercase mapping).
+//! - *skeleton*: NFKC, default-ignorable and bidi-control characters
+//!   removed, lowercased, tokenised, numbers canonical, then the Unicode
+//!   TR39 confusable skeleton of each token.
+
+use unicode_normalization::UnicodeNormalization;
+use unicode_normalization::char::is_combining_mark;
+
+/// Default_Ignorable_Code_Point (Unicode DerivedCoreProperties), which
+/// includes every bidi control (U+061C, U+200E-U+200F, U+202A-U+202E,
+/// U+2066-U+2069), zero-width characters, the soft hyphen, variation
+/// selectors and tag characters. Sorted, inclusive ranges.
+const DEFAULT_IGNORABLE: &[(char, char)] = &[
+    ('\u{ad}', '\u{ad}'),
+    ('\u{34f}', '\u{34f}'),
+    ('\u{61c}', '\u{61c}'),
+    ('\u{115f}', '\u{1160}'),
+    ('\u{17b4}', '\u{17b5}'),
+    ('\u{180b}', '\u{180f}'),
+    ('\u{200b}', '\u{200f}'),
+    ('\u{202a}', '\u{202e}'),
+    ('\u{2060}', '\u{206f}'),
+    ('\u{3164}', '\u{3164}'),
+    ('\u{fe00}', '\u{fe0f}'),
+    ('\u{feff}', '\u{feff}'),
+    ('\u{ffa0}', '\u{ffa0}'),
+    ('\u{fff0}', '\u{fff8}'),
+    ('\u{1bca0}', '\u{1bca3}'),
+    ('\u{1d173}', '\u{1d17a}'),
+    ('\u{e0000}', '\u{e0fff}'),
+];
+
+/// Whether `c` is a default-ignorable code point (invisible when rendered;
+/// bidi controls included).
+pub fn is_invisible(c: char) -> bool {
+    DEFAULT_IGNORABLE
+        .binary_search_by(|&(lo, hi)| {
+            if hi < c {
+                std::cmp::Ordering::Less
+            } else if lo > c {
+                std::cmp::Ordering::Greater
+            } else {
+                std::cmp::Ordering::Equal
+            }
+        })
+        .is_ok()
+}
+
+fn is_word_char(c: char) -> bool {
+    c.is_alphanumeric() || is_combining_mark(c)
+}
+
+/// Split `text` into tokens (see the module docs), numbers canonical.
+fn tokenise(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut chars = text.char_indices().peekable();
+    while let Some((start, c)) = chars.next() {
+        if c.is_whitespace() {
+            continue;
+        }
+        if !is_word_char(c) {
+            out.push(c.to_string());
+            continue;
+        }
+        let mut end = start + c.len_utf8();
+        while let Some(&(i, n)) = chars.peek() {
+            if !is_word_char(n) {
+                break;
+            }
+            end = i + n.len_utf8();
+            chars.next();
+        }
+        // A run of ASCII digits followed by `.` and a digit is a decimal.
+        let run = text.get(start..end).unwrap_or("");
+        let decimal = run.bytes().all(|b| b.is_ascii_digit())
+            && text
+                .get(end..)
+                .and_then(|rest| rest.strip_prefix('.'))
+                .is_some_and(|r| r.starts_with(|d: char| d.is_ascii_digit()));
+        if decimal {
+            chars.next(); // the dot
+            end += 1;
+            while let Some(&(i, n)) = chars.peek() {
+                if !n.is_ascii_digit() {
+                    break;
+                }
+                end = i + 1;
+                chars.next();
+            }
+        }
+        let token = text.get(start..end).unwrap_or("");
+        out.push(canonical_number(token).unwrap_or_else(|| token.to_owned()));
+    }
+    out
+}
+
+/// The canonical decimal form of a plain decimal number token
+/// (`[+-]?[0-9]+(\.[0-9]+)?`): no `+` sign, no trailing fractional zeros, no
+/// bare `.`, `-0` is `0`. Leading zeros are kept (`007` is an identifier,
+/// not seven). Anything else (exponents, thousands separators) is not a
+/// number and is returned as is.
+pub fn canonical_number(token: &str) -> Option<String> {
+    let (negative, digits) = match token.as_bytes().first() {
+        Some(b'+') => (false, token.get(1..)?),
+        Some(b'-') => (true, token.get(1..)?),
+        _ => (false, token),
+    };
+    let (int, frac) = match digits.split_once('.') {
+        Some((i, f)) => (i, Some(f)),
+        None => (digits, None),
+    };
+    if int.is_empty() || !int.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    if let Some(f) = frac
+        && (f.is_empty() || !f.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return None;
+    }
+    let frac = frac.map(|f| f.trim_end_matches('0')).unwrap_or("");
+    let zero = int.bytes().all(|b| b == b'0') && frac.is_empty();
+    let mut out = String::with_capacity(token.len());
+    if negative && !zero {
+        out.push('-');
+    }
+    out.push_str(int);
+    if !frac.is_empty() {
+        out.push('.');
+        out.push_str(frac);
+    }
+    Some(out)
+}
+
+/// Exact tokens of `text` (NFC, canonical numbers).
+pub fn exact_tokens(text: &str) -> Vec<String> {
+    let nfc: String = text.nfc().collect();
+    tokenise(&nfc)
+}
+
+/// Caseless tokens: the exact tokens, lowercased.
+pub fn caseless_tokens(exact: &[String]) -> Vec<String> {
+    exact.iter().map(|t| t.to_lowercase()).collect()
+}
+
+/// Skeleton tokens of `text`: NFKC, invisible characters removed,
+/// lowercased, tokenised, canonical numbers, then the TR39 skeleton.
+pub fn skeleton_tokens(text: &str) -> Vec<String> {
+    let folded = text
+        .nfkc()
+        .filter(|c| !is_invisible(*c))
+        .collect::<String>()
+        .to_lowercase();
+    tokenise(&folded)
+        .into_iter()
+        .map(|t| unicode_security::skeleton(&t).collect::<String>())
+        .collect()
+}
+
+/// Alphanumeric characters in the exact tokens: what makes a value long
+/// enough to be vouched for by occurrence in free text.
+pub fn significant_chars(exact: &[String]) -> usize {
+    exact
+        .iter()
+        .map(|t| t.chars().filter(|c| c.is_alphanumeric()).count())
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_have_one_canonical_form() {
+        assert_eq!(canonical_number("100").as_deref(), Some("100"));
+        assert_eq!(canonical_number("100.0").as_deref(), Some("100"));
+        assert_eq!(canonical_number("100.00").as_deref(), Some("100"));
+        assert_eq!(canonical_number("98.70").as_deref(), Some("98.7"));
+        assert_eq!(canonical_number("+5").as_deref(), Some("5"));
+        assert_eq!(canonical_number("-0.0").as_deref(), Some("0"));
+        assert_eq!(canonical_number("-4.50").as_deref(), Some("-4.5"));
+        assert_eq!(canonical_number("007").as_deref(), Some("007"));
+        assert_eq!(canonical_number("1e2"), None);
+        assert_eq!(canonical_number("1,000"), None);
+        assert_eq!(canonical_number("1."), None);
+        assert_eq!(canonical_number(".5"), None);
+        assert_eq!(canonical_number("-"), None);
+        assert_eq!(canonical_number(""), None);
+    }
+
+    #[test]
+    fn tokens_are_word_runs_numbers_and_single_symbols() {
+        assert_eq!(
+            exact_tokens("(visit www.a-b.com). Amount:\t98.70!"),
+            [
+                "(", "visit", "www", ".", "a", "-", "b", ".", "com", ")", ".", "Amount", ":",
+                "98.7", "!"
+            ]
+        );
+        assert_eq!(exact_tokens("  \n "), Vec::<String>::new());
+        assert_eq!(
+            exact_tokens("1.2.3 100. 2022-01-01"),
+            ["1.2", ".", "3", "100", ".", "2022", "-", "01", "-", "01"]
+        );
+        assert_eq!(exact_tokens("US12.5"), ["US12", ".", "5"]);
+        // Combining marks stay inside their word (Devanagari vowel signs).
+        assert_eq!(exact_tokens("नमस्ते दुनिया"), ["नमस्ते", "दुनिया"]);
+        assert_eq!(exact_tokens("b\u{301}ob"), ["b\u{301}ob"]);
+    }
+
+    #[test]
+    fn invisible_characters_stay_in_exact_tokens_and_leave_skeletons() {
+        let zw = "pay\u{200b}pal";
+        assert_eq!(exact_tokens(zw), ["pay", "\u{200b}", "pal"]);
+        assert_eq!(skeleton_tokens(zw), skeleton_tokens("paypal"));
+        assert!(is_invisible('\u{202e}'));
+        assert!(is_invisible('\u{2066}'));
+        assert!(is_invisible('\u{e0041}'));
+        assert!(!is_invisible('a'));
+        assert!(!is_invisible(' '));
+    }
+
+    #[test]
+    fn confusables_share_a_skeleton_but_not_an_exact_form() {
+        let cyrillic = "p\u{430}ypal"; // Cyrillic small a
+        assert_ne!(exact_tokens(cyrillic), exact_tokens("paypal"));
+        assert_eq!(skeleton_tokens(cyrillic), skeleton_tokens("paypal"));
+        let fullwidth = "\u{ff50}\u{ff41}\u{ff59}\u{ff50}\u{ff41}\u{ff4c}";
+        assert_ne!(exact_tokens(fullwidth), exact_tokens("paypal"));
+        assert_eq!(skeleton_tokens(fullwidth), skeleton_tokens("PayPal"));
+    }
+
+    #[test]
+    fn canonically_equivalent_text_has_one_exact_form() {
+        assert_eq!(exact_tokens("cafe\u{301}"), exact_tokens("caf\u{e9}"));
+    }
+}
