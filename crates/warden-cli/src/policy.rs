@@ -18,6 +18,10 @@ pub fn lint(file: &Path) -> anyhow::Result<ExitCode> {
                 policy.agents.len(),
                 policy.memory.len()
             );
+            // What each provenance rule and output trust declaration means.
+            for line in policy.explain_provenance() {
+                println!("  {line}");
+            }
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {

@@ -280,6 +280,28 @@ fn check_exit_codes() {
 
 /// `policy lint` locates problems; `policy schema` prints JSON Schema.
 #[test]
+fn policy_lint_explains_provenance_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("mail.yaml");
+    std::fs::write(
+        &file,
+        "policy_version: t\nenvironment_capabilities: [mail.send, mail.read]\nactions:\n  mail.read:\n    output: {trust: untrusted}\n  mail.send:\n    tags: [state_changing]\n    provenance: [{argument: \"recipients[*]\", from: [user, trusted], otherwise: escalate, match: caseless}]\nagents: [{id: a, capabilities: [mail.send, mail.read]}]\n",
+    )
+    .unwrap();
+    let out = warden()
+        .args(["policy", "lint", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("argument `recipients[*]` (every element) must occur whole in the user's trusted inputs or a trusted result")
+            && text.contains("otherwise escalate"),
+        "{text}"
+    );
+}
+
+#[test]
 fn policy_lint_and_schema() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.yaml");
