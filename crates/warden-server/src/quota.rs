@@ -1,7 +1,8 @@
-//! Per-agent quotas from the policy bundle (`quotas:`), enforced here.
+//! Per-agent quotas from the policy bundle (`quotas:`).
 //!
-//! - `requests_per_second`: a token bucket per agent (burst = the rate),
-//!   refilled from the server's clock; checked on every agent request.
+//! - `requests_per_second`: decided by the engine on every agent request
+//!   (`warden::Engine::authenticate`: a token bucket per agent, burst = the
+//!   rate, refilled from the engine's clock, kept per process).
 //! - `max_records` / `max_bytes`: checked before a write that creates a
 //!   record or makes one larger, against the store's `owner_usage`. Such
 //!   writes of one agent are serialised (per-agent lock) so two concurrent
@@ -29,12 +30,6 @@ pub const QUOTA_MAX_BYTES: &str = "quota_max_bytes";
 /// Reason: too many runs in flight.
 pub const QUOTA_MAX_RUNS_IN_FLIGHT: &str = "quota_max_runs_in_flight";
 
-#[derive(Debug, Clone, Copy)]
-struct Bucket {
-    tokens: f64,
-    last_ms: i64,
-}
-
 #[derive(Debug, Default)]
 struct Runs {
     /// agent -> run -> admitted at (ms).
@@ -44,37 +39,11 @@ struct Runs {
 /// Quota bookkeeping shared by all requests.
 #[derive(Debug, Default)]
 pub(crate) struct Quotas {
-    buckets: Mutex<HashMap<AgentId, Bucket>>,
     writers: Mutex<HashMap<AgentId, Arc<tokio::sync::Mutex<()>>>>,
     runs: Mutex<Runs>,
 }
 
 impl Quotas {
-    /// Take one request from `agent`'s bucket; `Err(retry_after_ms)` when
-    /// it is empty.
-    pub(crate) fn take_request(&self, agent: &AgentId, rps: u32, now_ms: i64) -> Result<(), u64> {
-        let rate = f64::from(rps.max(1));
-        let Ok(mut map) = self.buckets.lock() else {
-            return Ok(());
-        };
-        let bucket = match map.get_mut(agent) {
-            Some(b) => b,
-            None => map.entry(agent.clone()).or_insert(Bucket {
-                tokens: rate,
-                last_ms: now_ms,
-            }),
-        };
-        let elapsed = (now_ms - bucket.last_ms).max(0) as f64;
-        bucket.tokens = (bucket.tokens + elapsed * rate / 1000.0).min(rate);
-        bucket.last_ms = bucket.last_ms.max(now_ms);
-        if bucket.tokens >= 1.0 {
-            bucket.tokens -= 1.0;
-            Ok(())
-        } else {
-            Err(((1.0 - bucket.tokens) * 1000.0 / rate).ceil() as u64)
-        }
-    }
-
     /// The lock serialising `agent`'s quota-checked writes and admissions.
     pub(crate) fn writer(&self, agent: &AgentId) -> Arc<tokio::sync::Mutex<()>> {
         match self.writers.lock() {
@@ -123,20 +92,6 @@ impl Quotas {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn token_bucket_allows_a_burst_then_refills_at_the_rate() {
-        let q = Quotas::default();
-        let a = AgentId::parse("a").unwrap();
-        assert!(q.take_request(&a, 2, 0).is_ok());
-        assert!(q.take_request(&a, 2, 0).is_ok());
-        assert_eq!(q.take_request(&a, 2, 0), Err(500));
-        assert_eq!(q.take_request(&a, 2, 250), Err(250));
-        assert!(q.take_request(&a, 2, 500).is_ok());
-        assert!(q.take_request(&a, 2, 10_000).is_ok());
-        assert!(q.take_request(&a, 2, 10_000).is_ok());
-        assert!(q.take_request(&a, 2, 10_000).is_err());
-    }
 
     #[test]
     fn runs_in_flight_expire_after_the_ttl() {

@@ -28,8 +28,10 @@
 //! and only listed declassifiers can lower it: the semantics are in
 //! [`context`].
 
+mod access;
 mod admission;
 mod agents;
+mod audit_log;
 mod clock;
 pub mod context;
 mod engine;
@@ -37,11 +39,17 @@ mod error;
 mod execute;
 mod memory;
 mod steps;
+mod tokens;
 
+pub use access::{
+    AgentRead, AgentVisibility, Authentication, EnvelopeRead, RouteRefusal, RunAccess,
+    RunVisibility,
+};
 pub use admission::Admission;
 pub use agents::{
     AgentView, AppliedAgents, RegisterAgent, Registration, RegistrationRefusal, Revocation,
 };
+pub use audit_log::{AuditProblem, AuditVerification};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use context::{DeclassifyOutcome, DelegationOptions, ReviewOutcome};
 pub use engine::{Caller, Engine, engine_reasons, ops};
@@ -54,5 +62,9 @@ pub use memory::{
     WriteStatus,
 };
 pub use steps::{Completion, StepGate, StepRefusal, StepResult};
+pub use tokens::{
+    GENERATED_OPERATOR_TOKEN_ID, IssuedToken, MAX_TOKEN_LEN, MIN_OPERATOR_TOKEN_LEN,
+    OperatorTokenError, OperatorTokenSource, TOKEN_PREFIX, TokenIssue, TokenRevocation, hash_token,
+};
 pub use warden_core;
 pub use warden_store;

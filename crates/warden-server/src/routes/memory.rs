@@ -171,15 +171,21 @@ pub(crate) async fn check_storage_quota<S: Store>(
         && usage.records.saturating_add(1) > max
     {
         let err = refuse(QUOTA_MAX_RECORDS, max, usage.records);
-        return Err(st
-            .deny(
-                &caller,
-                warden::ops::MEMORY_WRITE,
-                resource,
-                QUOTA_MAX_RECORDS,
-                err,
-            )
-            .await);
+        return Err(
+            match st
+                .engine()
+                .record_refusal(
+                    &caller,
+                    warden::ops::MEMORY_WRITE,
+                    resource,
+                    warden::engine_reasons::QUOTA_MAX_RECORDS,
+                )
+                .await
+            {
+                Ok(_) => err,
+                Err(e) => e.into(),
+            },
+        );
     }
     let old = old_len.unwrap_or(0);
     if let Some(max) = quota.max_bytes
@@ -187,15 +193,21 @@ pub(crate) async fn check_storage_quota<S: Store>(
         && usage.bytes.saturating_sub(old).saturating_add(value_len) > max
     {
         let err = refuse(QUOTA_MAX_BYTES, max, usage.bytes);
-        return Err(st
-            .deny(
-                &caller,
-                warden::ops::MEMORY_WRITE,
-                resource,
-                QUOTA_MAX_BYTES,
-                err,
-            )
-            .await);
+        return Err(
+            match st
+                .engine()
+                .record_refusal(
+                    &caller,
+                    warden::ops::MEMORY_WRITE,
+                    resource,
+                    warden::engine_reasons::QUOTA_MAX_BYTES,
+                )
+                .await
+            {
+                Ok(_) => err,
+                Err(e) => e.into(),
+            },
+        );
     }
     Ok(())
 }

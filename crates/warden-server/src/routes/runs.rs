@@ -88,15 +88,21 @@ pub(crate) async fn admit<S: Store>(
                     format!("the agent already has {in_flight} runs in flight (limit {max})"),
                 )
                 .with_details(json!({"limit": max, "in_flight": in_flight}));
-                return Err(st
-                    .deny(
-                        &Caller::Agent(me.clone()),
-                        warden::ops::RUN_ADMIT,
-                        sop.sop_id.to_string(),
-                        QUOTA_MAX_RUNS_IN_FLIGHT,
-                        err,
-                    )
-                    .await);
+                return Err(
+                    match st
+                        .engine()
+                        .record_refusal(
+                            &Caller::Agent(me.clone()),
+                            warden::ops::RUN_ADMIT,
+                            sop.sop_id.to_string(),
+                            warden::engine_reasons::QUOTA_MAX_RUNS_IN_FLIGHT,
+                        )
+                        .await
+                    {
+                        Ok(_) => err,
+                        Err(e) => e.into(),
+                    },
+                );
             }
             Some(guard)
         }
