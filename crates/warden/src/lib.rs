@@ -20,7 +20,14 @@
 //! names it ([`Engine::refresh_agent`]).
 //! Identity is an argument of every call: the server derives it from the
 //! bearer token; an embedding program from its own runtime context. Nothing
-//! in a request body or SOP can change it.
+//! in a request body or SOP can change it. Bearer tokens are engine
+//! operations too ([`Engine::issue_token`], [`Engine::revoke_token`],
+//! [`Engine::ensure_operator_token`]); [`Engine::authenticate`] turns a
+//! token into a caller (or a recorded refusal, with the per-engine
+//! `requests_per_second` bucket), and [`Engine::read_agent`],
+//! [`Engine::run_visibility`] and [`Engine::read_envelope`] decide and
+//! record who may see what. The decision log is read and verified through
+//! [`Engine::audit_page`] and [`Engine::verify_audit`].
 //!
 //! With a `context:` section in the policy, every run carries a context
 //! envelope that accumulates what its steps produce and gates the next step,
