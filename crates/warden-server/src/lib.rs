@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! request ──► middleware (timeout, panic → 500, latency metrics)
-//!         ──► auth extractor (token → caller, revoked?, request rate)
+//!         ──► auth extractor (header → Engine::authenticate: caller, revoked?, request rate)
 //!         ──► body gates (size → 413, strict JSON → 400, wire struct → 422)
 //!         ──► handler ──► Engine<Metered<S>> ──► Store (state + audit)
 //! ```
@@ -45,7 +45,6 @@ mod metered;
 pub mod metrics;
 mod middleware;
 pub mod openapi;
-pub mod quota;
 mod routes;
 pub mod signing;
 mod state;

@@ -9,7 +9,6 @@ use warden_store::Store;
 
 use crate::metered::Metered;
 use crate::metrics::Metrics;
-use crate::quota::Quotas;
 use crate::signing::{EnvelopeKeyConfig, EnvelopeSigner};
 
 /// Limits on what one request may carry.
@@ -84,7 +83,6 @@ impl Default for ServerConfig {
 pub(crate) struct Shared<S> {
     pub(crate) engine: Engine<Metered<S>>,
     pub(crate) metrics: Arc<Metrics>,
-    pub(crate) quotas: Quotas,
     pub(crate) config: ServerConfig,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) signer: EnvelopeSigner,
@@ -113,7 +111,7 @@ impl<S> std::fmt::Debug for AppState<S> {
 
 impl<S: Store> AppState<S> {
     /// Open the engine over `store` (seeding the bundle on a new store) and
-    /// set up metrics, quotas and the envelope signing key (a malformed
+    /// set up metrics and the envelope signing key (a malformed
     /// `WARDEN_ENVELOPE_SIGNING_KEY` is an [`EngineError::Input`] naming
     /// it).
     pub async fn open(
@@ -132,7 +130,6 @@ impl<S: Store> AppState<S> {
             shared: Arc::new(Shared {
                 engine,
                 metrics,
-                quotas: Quotas::default(),
                 config,
                 clock,
                 signer,

@@ -54,6 +54,16 @@ pub mod ops {
     pub const ESCALATION_APPROVE: &str = "escalation.approve";
     /// An escalation was rejected (or a rejection refused).
     pub const ESCALATION_REJECT: &str = "escalation.reject";
+    /// A request refused at authentication or by its route.
+    pub const AUTH_REQUEST: &str = "auth.request";
+    /// A token issued.
+    pub const TOKEN_ISSUE: &str = "token.issue";
+    /// A token revoked.
+    pub const TOKEN_REVOKE: &str = "token.revoke";
+    /// An agent's view read.
+    pub const AGENT_READ: &str = "agent.read";
+    /// A run's envelope read.
+    pub const CONTEXT_READ: &str = "context.read";
 }
 
 /// Extra reason codes the engine records.
@@ -120,6 +130,24 @@ pub mod engine_reasons {
     pub const QUOTA_MAX_RUNS_IN_FLIGHT: Reason = Reason::code("quota_max_runs_in_flight");
     /// A request refused: the agent is over `requests_per_second`.
     pub const QUOTA_REQUESTS_PER_SECOND: Reason = Reason::code("quota_requests_per_second");
+    /// A token was issued.
+    pub const TOKEN_ISSUED: Reason = Reason::code("token_issued");
+    /// A token was revoked.
+    pub const TOKEN_REVOKED: Reason = Reason::code("token_revoked");
+    /// A route that needs the operator token, called with an agent's.
+    pub const OPERATOR_ONLY: Reason = Reason::code("operator_only");
+    /// A route that acts as an agent, called with the operator token.
+    pub const AGENT_TOKEN_REQUIRED: Reason = Reason::code("agent_token_required");
+    /// The operator sees every agent.
+    pub const OPERATOR: Reason = Reason::code("operator");
+    /// An agent sees itself.
+    pub const SELF: Reason = Reason::code("self");
+    /// An active ancestor sees its descendants.
+    pub const ANCESTOR: Reason = Reason::code("ancestor");
+    /// The caller is neither the run's agent nor allowed to act on its run.
+    pub const NOT_RUN_AGENT: Reason = Reason::code("not_run_agent");
+    /// A run's envelope was read.
+    pub const ENVELOPE_READ: Reason = Reason::code("envelope_read");
 }
 
 use engine_reasons as er;
@@ -146,6 +174,8 @@ pub(crate) struct Inner<S> {
     pub(crate) tickets: crate::tickets::Tickets,
     /// How long tickets and unfinished runs count, in milliseconds.
     pub(crate) run_ttl_ms: std::sync::atomic::AtomicI64,
+    /// `requests_per_second` token buckets (per engine, in memory).
+    pub(crate) buckets: crate::access::RequestBuckets,
 }
 
 /// The governance engine. Cheap to clone; all clones share state.
@@ -203,6 +233,7 @@ impl<S: Store> Engine<S> {
                 run_ttl_ms: std::sync::atomic::AtomicI64::new(
                     i64::try_from(crate::tickets::DEFAULT_RUN_TTL.as_millis()).unwrap_or(i64::MAX),
                 ),
+                buckets: crate::access::RequestBuckets::default(),
             }),
         };
         engine.seed(first_start).await?;

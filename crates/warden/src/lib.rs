@@ -20,7 +20,14 @@
 //! names it ([`Engine::refresh_agent`]).
 //! Identity is an argument of every call: the server derives it from the
 //! bearer token; an embedding program from its own runtime context. Nothing
-//! in a request body or SOP can change it.
+//! in a request body or SOP can change it. Bearer tokens are engine
+//! operations too ([`Engine::issue_token`], [`Engine::revoke_token`],
+//! [`Engine::ensure_operator_token`]); [`Engine::authenticate`] turns a
+//! token into a caller (or a recorded refusal, with the per-engine
+//! `requests_per_second` bucket), and [`Engine::read_agent`],
+//! [`Engine::run_visibility`] and [`Engine::read_envelope`] decide and
+//! record who may see what. The decision log is read and verified through
+//! [`Engine::audit_page`] and [`Engine::verify_audit`].
 //!
 //! With a `context:` section in the policy, every run carries a context
 //! envelope that accumulates what its steps produce and gates the next step,
@@ -28,8 +35,10 @@
 //! and only listed declassifiers can lower it: the semantics are in
 //! [`context`].
 
+mod access;
 mod admission;
 mod agents;
+mod audit_log;
 mod clock;
 pub mod context;
 mod engine;
@@ -38,11 +47,17 @@ mod execute;
 mod memory;
 mod steps;
 mod tickets;
+mod tokens;
 
+pub use access::{
+    AgentRead, AgentVisibility, Authentication, EnvelopeRead, RouteRefusal, RunAccess,
+    RunVisibility,
+};
 pub use admission::Admission;
 pub use agents::{
     AgentView, AppliedAgents, RegisterAgent, Registration, RegistrationRefusal, Revocation,
 };
+pub use audit_log::{AuditProblem, AuditVerification};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use context::{DeclassifyOutcome, DelegationOptions, ReviewOutcome, check_text};
 pub use engine::{Caller, Engine, engine_reasons, ops};
@@ -55,5 +70,9 @@ pub use memory::{
     quota_reason,
 };
 pub use steps::{Completion, StepGate, StepRefusal, StepResult};
+pub use tokens::{
+    GENERATED_OPERATOR_TOKEN_ID, IssuedToken, MAX_TOKEN_LEN, MIN_OPERATOR_TOKEN_LEN,
+    OperatorTokenError, OperatorTokenSource, TOKEN_PREFIX, TokenIssue, TokenRevocation, hash_token,
+};
 pub use warden_core;
 pub use warden_store;

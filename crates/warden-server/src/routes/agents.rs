@@ -4,14 +4,12 @@ use std::collections::BTreeSet;
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use serde_json::{Value, json};
+use serde_json::json;
 use warden::{
-    Caller, DelegationOptions, EngineError, RegisterAgent, Registration, RegistrationRefusal,
-    Revocation,
+    AgentRead, AgentVisibility, Caller, DelegationOptions, RegisterAgent, Registration,
+    RegistrationRefusal, Revocation, TokenRevocation,
 };
-use warden_core::decision::Verdict;
 use warden_core::envelope::ContextPolicy;
-use warden_core::hierarchy::AgentStatus;
 use warden_core::ids::{ActionName, AgentId, Label, check_identifier};
 use warden_store::{Store, TokenSubject};
 
@@ -25,8 +23,6 @@ use crate::wire::{
     Reply, RevokedResponse, TokenIssuedResponse, TokenRevokedResponse,
 };
 
-/// Operation recorded when an agent view is read.
-pub const OP_AGENT_READ: &str = "agent.read";
 /// The reserved path word for "the calling agent".
 pub const SELF: &str = "self";
 
@@ -235,51 +231,18 @@ pub(crate) async fn delegate<S: Store>(
     }
 }
 
-/// Whether `caller` may see `target`, recording the decision. A missing
-/// agent and one the caller may not see give the same 404.
-async fn visible<S: Store>(
-    st: &AppState<S>,
-    caller: &Caller,
-    target: &AgentId,
-    operation: &str,
-) -> ApiResult<()> {
-    let exists = st.engine().agent(target).is_ok();
-    let (ok, reason) = match caller {
-        Caller::Operator => (exists, if exists { "operator" } else { "unknown_agent" }),
-        Caller::Agent(a) if !exists => (a == target, "unknown_agent"),
-        Caller::Agent(a) if a == target => (true, "self"),
-        Caller::Agent(_) => {
-            let ok = st.engine().may_manage(caller, target, true)?;
-            (ok, if ok { "ancestor" } else { "not_an_ancestor" })
-        }
-    };
-    let verdict = if ok { Verdict::Allow } else { Verdict::Deny };
-    if operation == OP_AGENT_READ || !ok {
-        st.record(
-            caller,
-            operation,
-            target.to_string(),
-            verdict,
-            reason,
-            Value::Null,
-        )
-        .await?;
-    }
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::not_found())
-    }
-}
-
+/// The view of `id` if `caller` may see it (recorded either way by the
+/// engine). A missing agent and one the caller may not see give the same
+/// 404.
 async fn view<S: Store>(
     st: &AppState<S>,
     caller: &Caller,
     id: &AgentId,
 ) -> ApiResult<Reply<AgentResponse>> {
-    visible(st, caller, id, OP_AGENT_READ).await?;
-    let view = st.engine().agent(id).map_err(|_| ApiError::not_found())?;
-    Ok(Reply(StatusCode::OK, view.into()))
+    match st.engine().read_agent(caller, id).await? {
+        AgentRead::Visible { agent, .. } => Ok(Reply(StatusCode::OK, (*agent).into())),
+        AgentRead::Hidden { .. } => Err(ApiError::not_found()),
+    }
 }
 
 /// `GET /v1/agents/{id}` (operator, the agent, its ancestors).
@@ -311,7 +274,13 @@ pub(crate) async fn revoke<S: Store>(
     // An agent that cannot even see the target learns nothing: 404. The
     // agent itself sees itself, and the engine refuses (and records) a
     // self-revocation with 403 `not_an_ancestor`.
-    visible(&st, &caller, &id, warden::ops::AGENT_REVOKE).await?;
+    if let AgentVisibility::Hidden { .. } = st
+        .engine()
+        .agent_visibility(&caller, &id, warden::ops::AGENT_REVOKE)
+        .await?
+    {
+        return Err(ApiError::not_found());
+    }
     match st.engine().revoke_agent(&caller, &id).await? {
         Revocation::Revoked { agents, .. } => {
             Ok(Reply(StatusCode::OK, RevokedResponse { revoked: agents }))
@@ -331,17 +300,6 @@ pub(crate) async fn issue_token<S: Store>(
     path: PathParams,
 ) -> ApiResult<Reply<TokenIssuedResponse>> {
     let id = path.ident("id", AgentId::parse)?;
-    let view = st.engine().agent(&id).map_err(|e| match e {
-        EngineError::NotFound { .. } => ApiError::not_found(),
-        other => other.into(),
-    })?;
-    if view.status == AgentStatus::Revoked {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "agent_revoked",
-            format!("agent `{id}` is revoked; a token for it would be refused"),
-        ));
-    }
     let token = st
         .issue_token(TokenSubject::Agent(id.clone()), &Caller::Operator)
         .await?;
@@ -365,15 +323,18 @@ pub(crate) async fn revoke_token<S: Store>(
     let token_id = path
         .ident("token_id", |s| check_identifier(s).map(|()| s.to_owned()))
         .map_err(|_| ApiError::not_found())?;
-    if st.revoke_token(&token_id, &Caller::Operator).await? {
-        Ok(Reply(
+    match st
+        .engine()
+        .revoke_token(&Caller::Operator, &token_id)
+        .await?
+    {
+        TokenRevocation::Revoked { .. } => Ok(Reply(
             StatusCode::OK,
             TokenRevokedResponse {
                 token_id,
                 revoked: true,
             },
-        ))
-    } else {
-        Err(ApiError::not_found())
+        )),
+        TokenRevocation::Unknown { .. } => Err(ApiError::not_found()),
     }
 }

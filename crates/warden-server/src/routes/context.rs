@@ -14,13 +14,12 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use serde_json::json;
-use warden::{Caller, EngineError, Missing, ReviewOutcome};
-use warden_core::decision::Verdict;
+use warden::{Caller, EngineError, EnvelopeRead, Missing, ReviewOutcome, RunAccess, RunVisibility};
 use warden_core::envelope::ContextPolicy;
 use warden_core::envelope::sign::SignedEnvelope;
 use warden_core::ids::{Label, RunId};
 use warden_core::time::Timestamp;
-use warden_store::{RunRecord, Store};
+use warden_store::Store;
 
 use super::PathParams;
 use super::memory::invalid_query;
@@ -35,54 +34,23 @@ use crate::wire::{
     RejectEscalationRequest, Reply, ReviewResponse,
 };
 
-/// Operation recorded when a run's envelope is read.
-pub const OP_CONTEXT_READ: &str = "context.read";
-
-/// Who besides the run's agent and the operator may act on a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Access {
-    /// Only the run's agent and the operator.
-    Owner,
-    /// Also an active ancestor of the run's agent.
-    OwnerOrAncestor,
-}
-
-/// The run, if `caller` may act on it under `access`. A missing run and one
-/// the caller may not see answer the same 404; the latter is recorded.
+/// Whether `caller` may act on the run under `access` (decided and, if
+/// not, recorded by the engine). A missing run and one the caller may not
+/// see answer the same 404.
 async fn visible_run<S: Store>(
     st: &AppState<S>,
     caller: &Caller,
     run_id: &RunId,
     operation: &str,
-    access: Access,
-) -> ApiResult<RunRecord> {
-    let run = st
+    access: RunAccess,
+) -> ApiResult<()> {
+    match st
         .engine()
-        .store()
-        .get_run(run_id.clone())
+        .run_visibility(caller, run_id, operation, access)
         .await?
-        .ok_or_else(ApiError::not_found)?
-        .run;
-    let ok = match caller {
-        Caller::Operator => true,
-        Caller::Agent(a) if *a == run.agent => true,
-        Caller::Agent(_) => {
-            access == Access::OwnerOrAncestor
-                && st.engine().may_manage(caller, &run.agent, false)?
-        }
-    };
-    if ok {
-        Ok(run)
-    } else {
-        Err(st
-            .deny(
-                caller,
-                operation,
-                run_id.to_string(),
-                "not_run_agent",
-                ApiError::not_found(),
-            )
-            .await)
+    {
+        RunVisibility::Visible(_) => Ok(()),
+        RunVisibility::Hidden { .. } => Err(ApiError::not_found()),
     }
 }
 
@@ -120,27 +88,18 @@ pub(crate) async fn envelope<S: Store>(
     path: PathParams,
 ) -> ApiResult<Reply<EnvelopeResponse>> {
     let run_id = run_id(&path)?;
-    visible_run(&st, &caller, &run_id, OP_CONTEXT_READ, Access::Owner).await?;
-    let record = st
+    match st
         .engine()
-        .run_envelope(&run_id)
+        .read_envelope(&caller, &run_id)
         .await
         .map_err(context_error(&run_id))?
-        .ok_or_else(|| no_envelope(&run_id))?;
-    st.record(
-        &caller,
-        OP_CONTEXT_READ,
-        record.envelope_id.to_string(),
-        Verdict::Allow,
-        "envelope_read",
-        json!({
-            "run_id": run_id,
-            "envelope_version": record.version,
-            "classification": record.aggregate_sensitivity,
-        }),
-    )
-    .await?;
-    Ok(Reply(StatusCode::OK, EnvelopeResponse::new(run_id, record)))
+    {
+        EnvelopeRead::Read { envelope, .. } => Ok(Reply(
+            StatusCode::OK,
+            EnvelopeResponse::new(run_id, *envelope),
+        )),
+        EnvelopeRead::Hidden { .. } => Err(ApiError::not_found()),
+    }
 }
 
 /// Every label to remove is one the policy knows (422 `unknown_label`
@@ -186,7 +145,7 @@ pub(crate) async fn declassify<S: Store>(
         &caller,
         &run_id,
         warden::ops::CONTEXT_DECLASSIFY,
-        Access::OwnerOrAncestor,
+        RunAccess::OwnerOrAncestor,
     )
     .await?;
     let out = st
@@ -239,7 +198,7 @@ pub(crate) async fn signed<S: Store>(
         &caller,
         &run_id,
         warden::ops::CONTEXT_EXPORT,
-        Access::Owner,
+        RunAccess::Owner,
     )
     .await?;
     let signer = st.signer();
@@ -264,7 +223,7 @@ pub(crate) async fn receipt<S: Store>(
         &caller,
         &run_id,
         warden::ops::CONTEXT_RECEIPT,
-        Access::Owner,
+        RunAccess::Owner,
     )
     .await?;
     let ttl = i64::try_from(st.config().receipt_ttl.as_millis()).unwrap_or(i64::MAX);

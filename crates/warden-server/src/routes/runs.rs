@@ -19,12 +19,12 @@ use super::PathParams;
 use crate::auth::AgentCaller;
 use crate::body::{JsonBody, sop_error};
 use crate::error::{ApiError, ApiResult};
-use crate::quota::QUOTA_MAX_RUNS_IN_FLIGHT;
 use crate::state::AppState;
 use crate::wire::{
     AdmitRunRequest, CompleteStepRequest, DecisionBody, GateBody, GateResponse, OutcomeBody, Reply,
     RunAdmittedResponse, RunStepBody, ValidateResponse, ValidateSopRequest, step_decisions,
 };
+use warden::engine_reasons::QUOTA_MAX_RUNS_IN_FLIGHT;
 
 /// Most result labels on one outcome.
 const MAX_RESULT_LABELS: usize = 64;
@@ -80,7 +80,7 @@ pub(crate) async fn admit<S: Store>(
             limit, in_flight, ..
         } => Err(ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
-            QUOTA_MAX_RUNS_IN_FLIGHT,
+            QUOTA_MAX_RUNS_IN_FLIGHT.as_str().to_owned(),
             format!("the agent already has {in_flight} runs in flight (limit {limit})"),
         )
         .with_details(json!({"limit": limit, "in_flight": in_flight}))),

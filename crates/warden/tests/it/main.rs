@@ -7,6 +7,7 @@
 )]
 
 mod acceptance;
+mod access;
 mod adversarial;
 mod envelopes;
 mod lockdown;
