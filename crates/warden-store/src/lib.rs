@@ -2,7 +2,8 @@
 //!
 //! The one storage trait every Warden backend implements ([`Store`]), the
 //! records it stores, an in-memory implementation ([`MemoryStore`]) and the
-//! [`conformance`] suite that every backend must pass.
+//! conformance suite that every backend must pass (module `conformance`,
+//! behind the `conformance` feature).
 //!
 //! Design rules every backend follows:
 //!
@@ -27,8 +28,9 @@
 //!   effect on stable storage (for the in-memory store: in memory).
 //!
 //! This crate depends on no database driver; backends live in their own
-//! crates. Every backend runs the [`conformance`] suite with one line
-//! ([`conformance_tests!`]); [`verify`] checks any backend's audit chain
+//! crates. Every backend runs the conformance suite with one line
+//! (`conformance_tests!`, with the `conformance` feature enabled from its
+//! dev-dependencies); [`verify`] checks any backend's audit chain
 //! against its recorded head and an external [`HeadAnchor`].
 
 mod error;
@@ -36,8 +38,8 @@ mod memory_store;
 mod quota;
 mod records;
 
+#[cfg(feature = "conformance")]
 pub mod conformance;
-pub mod conformance_context;
 pub mod verify;
 
 use std::collections::BTreeSet;
