@@ -501,19 +501,6 @@ pub fn put(owner: &str, namespace: &str, k: &str, value: Value, expected: Option
 
 pub use warden_store::conformance::put_audit;
 
-pub fn delete_audit(subject: &str, resource: &str) -> AuditFn<DeleteOutcome> {
-    let subject = subject.to_string();
-    let resource = resource.to_string();
-    Box::new(move |outcome: &DeleteOutcome| {
-        let (verdict, reason) = match outcome {
-            DeleteOutcome::Deleted { .. } => (Verdict::Allow, "owner_delete"),
-            DeleteOutcome::NotFound => (Verdict::Deny, "record_not_found"),
-            DeleteOutcome::Conflict { .. } => (Verdict::Deny, "revision_conflict"),
-        };
-        vec![draft(&subject, "memory.delete", &resource, verdict, reason)]
-    })
-}
-
 /// Every audit entry, paged through `audit_page` in small pages.
 pub async fn audit_all<S: Store>(store: &S) -> Vec<AuditEntry> {
     let mut out: Vec<AuditEntry> = Vec::new();

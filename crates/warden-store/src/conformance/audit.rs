@@ -246,3 +246,67 @@ pub async fn audit_verify_and_anchor<S: Store>(store: S) {
     );
     assert_eq!(err.seq(), Some(7));
 }
+
+/// Every field round-trips exactly (NUL and the escape character
+/// included) and the stored hashes are the ones the core computes.
+pub async fn audit_round_trip_exotic_text<S: Store>(store: S) {
+    let details = [
+        Value::Null,
+        json!({"b": {"z": 1, "a": [true, false, null]}, "a": "x"}),
+        json!([1, -1, 0.25, 1e300, u64::MAX, i64::MIN]),
+        json!("quote \" backslash \\ newline \n nul \u{0} esc \u{E000} ✓ \u{1F600}"),
+        json!({"obligations": [{"kind": "label", "value": "pii"}]}),
+    ];
+    let verdicts = [
+        Verdict::Allow,
+        Verdict::Constrain,
+        Verdict::Deny,
+        Verdict::Escalate,
+        Verdict::Allow,
+    ];
+    let drafts: Vec<AuditDraft> = details
+        .iter()
+        .zip(verdicts)
+        .enumerate()
+        .map(|(i, (d, v))| AuditDraft {
+            time: Timestamp(if i == 0 {
+                -5
+            } else {
+                1_700_000_000_000 + i as i64
+            }),
+            subject: if i == 1 {
+                "@operator".into()
+            } else {
+                format!("agent-{i}")
+            },
+            operation: "step.begin".into(),
+            resource: if i == 3 {
+                "internal/../\0etc\u{E000}passwd".into()
+            } else {
+                format!("run-1/s{i}")
+            },
+            verdict: v,
+            reason: if i == 2 {
+                String::new()
+            } else {
+                format!("reason_{i}:param")
+            },
+            policy_version: "lab-1".into(),
+            details: d.clone(),
+        })
+        .collect();
+    store.append_audit(drafts[..2].to_vec()).await.unwrap();
+    store.append_audit(drafts[2..].to_vec()).await.unwrap();
+    let mut prev = Digest::GENESIS;
+    let expected: Vec<AuditEntry> = drafts
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let e = d.clone().seal(i as u64 + 1, prev);
+            prev = e.hash;
+            e
+        })
+        .collect();
+    assert_eq!(audit_all(&store).await, expected);
+    assert_chain(&store).await;
+}

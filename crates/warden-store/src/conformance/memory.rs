@@ -5,10 +5,11 @@ use super::*;
 /// Every record class and visibility round-trips, with its JSON value.
 pub async fn put_create_and_get_every_class<S: Store>(store: S) {
     let value = json!({
-        "text": "héllo \"wörld\"\n\u{1F600}",
+        "text": "héllo \"wörld\"\n\u{1F600} nul:\u{0} esc:\u{E000}",
         "big": u64::MAX,
         "neg": i64::MIN,
         "float": 0.1,
+        "huge": 1e300,
         "list": [1, 2.5, null, true, {"k": []}],
     });
     let classes = [
@@ -676,4 +677,57 @@ pub async fn owner_usage_counts<S: Store>(store: S) {
         store.owner_usage(id("a")).await.unwrap(),
         Usage { records: 2, bytes }
     );
+}
+
+/// An `AuditFn` may return no entries: the write happens, nothing is
+/// appended.
+pub async fn put_audit_fn_may_append_nothing<S: Store>(store: S) {
+    let outcome = store
+        .put_record(
+            put("a", "ns", "k", json!(1), None),
+            Timestamp(1),
+            StorageQuota::default(),
+            Box::new(|_| Vec::new()),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(outcome, PutOutcome::Written { .. }));
+    assert_eq!(head_count(&store).await, 0);
+    assert_eq!(
+        get_one(&store, "a", "ns", "k").await.unwrap().value,
+        json!(1)
+    );
+}
+
+/// Racing create-only puts: exactly one creates.
+pub async fn put_race_create_only<S: Store>(store: S) {
+    let store = Arc::new(store);
+    let barrier = Arc::new(tokio::sync::Barrier::new(8));
+    let mut tasks = Vec::new();
+    for i in 0..8u64 {
+        let (store, barrier) = (Arc::clone(&store), Arc::clone(&barrier));
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            store
+                .put_record(
+                    put("a", "ns", "new", json!(i), Some(0)),
+                    Timestamp(1),
+                    StorageQuota::default(),
+                    put_audit("a", "ns.new", i),
+                )
+                .await
+                .unwrap()
+        }));
+    }
+    let mut created = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            PutOutcome::Written { created: true, .. } => created += 1,
+            PutOutcome::Conflict { current: Some(1) } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(created, 1);
+    assert_eq!(head_count(&*store).await, 8);
+    assert_chain(&*store).await;
 }

@@ -112,6 +112,8 @@ macro_rules! __conformance_tests {
             put_unconditional,
             put_class_rejection,
             put_race_one_winner,
+            put_race_create_only,
+            put_audit_fn_may_append_nothing,
             get_records_by_owner,
             delete_semantics,
             owner_usage_counts,
@@ -120,6 +122,7 @@ macro_rules! __conformance_tests {
             audit_round_trip_and_hashes,
             audit_concurrent_appends,
             audit_verify_and_anchor,
+            audit_round_trip_exotic_text,
             runs_create_existing_get,
             record_step_exactly_once,
             record_step_unknown,
@@ -179,6 +182,8 @@ where
     put_unconditional(factory().await).await;
     put_class_rejection(factory().await).await;
     put_race_one_winner(factory().await).await;
+    put_race_create_only(factory().await).await;
+    put_audit_fn_may_append_nothing(factory().await).await;
     get_records_by_owner(factory().await).await;
     delete_semantics(factory().await).await;
     owner_usage_counts(factory().await).await;
@@ -187,6 +192,7 @@ where
     audit_round_trip_and_hashes(factory().await).await;
     audit_concurrent_appends(factory().await).await;
     audit_verify_and_anchor(factory().await).await;
+    audit_round_trip_exotic_text(factory().await).await;
     runs_create_existing_get(factory().await).await;
     record_step_exactly_once(factory().await).await;
     record_step_unknown(factory().await).await;
