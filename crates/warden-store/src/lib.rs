@@ -34,6 +34,7 @@
 //! against its recorded head and an external [`HeadAnchor`].
 
 mod error;
+pub mod forward;
 mod memory_store;
 mod quota;
 mod records;
@@ -54,10 +55,14 @@ use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 
 pub use error::{BoxError, Entity, StoreError};
+
 pub use memory_store::MemoryStore;
 pub use quota::{QuotaKind, RunsInFlight, StorageQuota, decide_put, encoded_len, run_finished};
 pub use records::*;
 pub use verify::{HeadAnchor, VerifyError, VerifyReport, verify_store};
+/// The core crate, for the types [`forward_store!`] names.
+#[doc(hidden)]
+pub use warden_core as __core;
 
 /// Turns the outcome of an operation decided inside a transaction into the
 /// audit entries committed with it.
