@@ -9,7 +9,7 @@
 //!
 //! Three forms:
 //!
-//! ```ignore
+//! ```text
 //! // The whole impl, every method forwarded to a field (optionally running
 //! // a block before each call):
 //! warden_store::forward_store!(impl Store for ScratchStore => field store);
