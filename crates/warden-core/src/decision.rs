@@ -44,6 +44,21 @@ impl Verdict {
     }
 }
 
+impl std::str::FromStr for Verdict {
+    type Err = String;
+
+    /// Parse the snake_case name ([`Verdict::as_str`]).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "allow" => Ok(Verdict::Allow),
+            "constrain" => Ok(Verdict::Constrain),
+            "deny" => Ok(Verdict::Deny),
+            "escalate" => Ok(Verdict::Escalate),
+            other => Err(format!("unknown verdict `{other}`")),
+        }
+    }
+}
+
 impl fmt::Display for Verdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

@@ -59,6 +59,29 @@ pub enum AgentStatus {
     Revoked,
 }
 
+impl AgentStatus {
+    /// The snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentStatus::Active => "active",
+            AgentStatus::Revoked => "revoked",
+        }
+    }
+}
+
+impl std::str::FromStr for AgentStatus {
+    type Err = String;
+
+    /// Parse the snake_case name ([`AgentStatus::as_str`]).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "active" => Ok(AgentStatus::Active),
+            "revoked" => Ok(AgentStatus::Revoked),
+            other => Err(format!("unknown agent status `{other}`")),
+        }
+    }
+}
+
 /// Position of an agent in the hierarchy's node table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AgentIdx(u32);

@@ -44,7 +44,8 @@ use warden_store::StoreError;
 use crate::codec::{text_out, u64_in, u64_out};
 use crate::error::DbResult;
 use crate::schema::quote_ident;
-use crate::store::{PgStore, sql};
+use crate::sql;
+use crate::store::PgStore;
 
 /// What kind of thing changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -118,45 +118,23 @@ pub(crate) fn verdict_in(v: Verdict) -> &'static str {
 }
 
 pub(crate) fn verdict_out(s: &str) -> Result<Verdict, StoreError> {
-    match s {
-        "allow" => Ok(Verdict::Allow),
-        "constrain" => Ok(Verdict::Constrain),
-        "deny" => Ok(Verdict::Deny),
-        "escalate" => Ok(Verdict::Escalate),
-        other => Err(corrupt(format!("unknown verdict `{other}`"))),
-    }
+    s.parse().map_err(corrupt)
 }
 
 pub(crate) fn status_in(s: AgentStatus) -> &'static str {
-    match s {
-        AgentStatus::Active => "active",
-        AgentStatus::Revoked => "revoked",
-    }
+    s.as_str()
 }
 
 fn status_out(s: &str) -> Result<AgentStatus, StoreError> {
-    match s {
-        "active" => Ok(AgentStatus::Active),
-        "revoked" => Ok(AgentStatus::Revoked),
-        other => Err(corrupt(format!("unknown agent status `{other}`"))),
-    }
+    s.parse().map_err(corrupt)
 }
 
 pub(crate) fn step_status_in(s: StepStatus) -> &'static str {
-    match s {
-        StepStatus::Completed => "completed",
-        StepStatus::Failed => "failed",
-        StepStatus::Denied => "denied",
-    }
+    s.as_str()
 }
 
 fn step_status_out(s: &str) -> Result<StepStatus, StoreError> {
-    match s {
-        "completed" => Ok(StepStatus::Completed),
-        "failed" => Ok(StepStatus::Failed),
-        "denied" => Ok(StepStatus::Denied),
-        other => Err(corrupt(format!("unknown step status `{other}`"))),
-    }
+    s.parse().map_err(corrupt)
 }
 
 /// The columns of a record class: class name, combinator, grants, expiry.
@@ -197,8 +175,7 @@ fn class_out(
         "policy" => {
             let name = combine.ok_or_else(|| corrupt("a policy record has no combinator"))?;
             RecordClass::Policy {
-                combine: Combinator::parse(name)
-                    .ok_or_else(|| corrupt(format!("unknown combinator `{name}`")))?,
+                combine: name.parse::<Combinator>().map_err(corrupt)?,
             }
         }
         "secret" => RecordClass::Secret {
@@ -235,8 +212,7 @@ pub(crate) fn record_out(row: &Row) -> Result<MemoryRecord, StoreError> {
         key: parse_id!(Key, key, "key")?,
         value: json_out(value)?,
         owner: agent_id(owner)?,
-        visibility: Visibility::parse(visibility)
-            .ok_or_else(|| corrupt(format!("unknown visibility `{visibility}`")))?,
+        visibility: visibility.parse::<Visibility>().map_err(corrupt)?,
         class: class_out(class, combine, grants, expires_at)?,
         revision: u64_out(revision, "revision")?,
         created_at: Timestamp(created_at),
@@ -294,10 +270,11 @@ pub(crate) fn token_out(row: &Row) -> Result<TokenRecord, StoreError> {
 }
 
 pub(crate) fn subject_in(subject: &TokenSubject) -> (&'static str, Option<&str>) {
-    match subject {
-        TokenSubject::Operator => ("operator", None),
-        TokenSubject::Agent(a) => ("agent", Some(a.as_str())),
-    }
+    let agent = match subject {
+        TokenSubject::Operator => None,
+        TokenSubject::Agent(a) => Some(a.as_str()),
+    };
+    (subject.kind_str(), agent)
 }
 
 /// Decodes a row of these columns, in order:
@@ -424,13 +401,7 @@ fn sensitivity_out(s: &str) -> Result<Sensitivity, StoreError> {
 }
 
 pub(crate) fn escalation_status_out(s: &str) -> Result<EscalationStatus, StoreError> {
-    match s {
-        "pending" => Ok(EscalationStatus::Pending),
-        "approved" => Ok(EscalationStatus::Approved),
-        "rejected" => Ok(EscalationStatus::Rejected),
-        "consumed" => Ok(EscalationStatus::Consumed),
-        other => Err(corrupt(format!("unknown escalation status `{other}`"))),
-    }
+    s.parse().map_err(corrupt)
 }
 
 /// Obligations as stored: a JSON array.

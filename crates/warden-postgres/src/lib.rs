@@ -192,11 +192,19 @@
 //! The `changes` table is never pruned by Warden; it grows by one small row
 //! per agent or token change.
 
+mod agents;
 mod codec;
+mod context;
 mod error;
+mod log;
+mod memory;
 mod pool;
+mod runs;
 mod schema;
+mod sql;
 mod store;
+mod store_impl;
+mod tx;
 
 pub mod changes;
 pub mod verify;

@@ -33,7 +33,8 @@ pub use warden_store::verify::{
 use crate::codec::{audit_out, u64_in};
 use crate::error::DbResult;
 use crate::pool::Conn;
-use crate::store::{PgStore, sql};
+use crate::sql;
+use crate::store::PgStore;
 
 /// Entries read per query by [`verify_audit`] and [`export_audit`].
 pub const VERIFY_PAGE: usize = 4096;
@@ -121,7 +122,7 @@ pub async fn read_audit_head(url: &str) -> Result<HeadAnchor, StoreError> {
         .into_iter()
         .next()
         .ok_or_else(|| StoreError::corrupt("the audit head row is missing"))?;
-    Ok(HeadAnchor::of(&crate::store::head_out(&row)?))
+    Ok(HeadAnchor::of(&crate::tx::head_out(&row)?))
 }
 
 /// One connection to an existing Warden schema, for reading only: refuses a
@@ -145,7 +146,7 @@ async fn verify_on(
         .query_opt(sql::HEAD, &[])
         .await?
         .ok_or_else(|| VerifyError::HeadMissing("the audit_head row is missing".into()))?;
-    let recorded = crate::store::head_out(&head).map_err(|e| match e {
+    let recorded = crate::tx::head_out(&head).map_err(|e| match e {
         e @ StoreError::Corrupt { .. } => VerifyError::HeadMissing(e.to_string()),
         other => VerifyError::Store(other),
     })?;

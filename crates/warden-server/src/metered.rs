@@ -5,18 +5,18 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use warden_core::audit::{AuditDraft, AuditEntry, ChainHead, Digest};
+use warden_core::audit::{AuditDraft, ChainHead};
 use warden_core::decision::Subject;
-use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
+use warden_core::envelope::EnvelopeRecord;
 use warden_core::hierarchy::AgentStatus;
-use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
-use warden_core::memory::{MemoryRecord, Put};
+use warden_core::ids::{ActionName, AgentId, RunId, StepId};
+use warden_core::memory::Put;
 use warden_core::time::Timestamp;
 use warden_store::{
     AuditFn, CreateRun, Delete, DeleteOutcome, EscalationRecord, EscalationResolution,
-    EscalationStatus, EscalationTarget, PutEnvelope, PutEscalation, PutOutcome, RecordStep,
-    ResolveEscalation, RunRecord, RunState, RunsInFlight, StepOutcome, StorageQuota, Store,
-    StoreError, StoredAgent, TokenRecord, Usage,
+    EscalationTarget, PutEnvelope, PutEscalation, PutOutcome, RecordStep, ResolveEscalation,
+    RunRecord, RunsInFlight, StepOutcome, StorageQuota, Store, StoreError, StoredAgent,
+    TokenRecord,
 };
 
 use crate::metrics::Metrics;
@@ -60,9 +60,10 @@ impl<S> Metered<S> {
 }
 
 impl<S: Store> Store for Metered<S> {
-    async fn load_agents(&self) -> Result<Vec<StoredAgent>, StoreError> {
-        self.inner.load_agents().await
-    }
+    // Reads append nothing: forwarded as they are.
+    warden_store::forward_store!(field inner;
+        load_agents, find_token, get_records, owner_usage, audit_page, audit_head, get_run,
+        get_envelope, get_escalation, list_escalations);
 
     async fn insert_agent(
         &self,
@@ -108,10 +109,6 @@ impl<S: Store> Store for Metered<S> {
         self.after(r, &audit)
     }
 
-    async fn find_token(&self, hash: Digest) -> Result<Option<TokenRecord>, StoreError> {
-        self.inner.find_token(hash).await
-    }
-
     async fn revoke_token(
         &self,
         token_id: String,
@@ -122,15 +119,6 @@ impl<S: Store> Store for Metered<S> {
             self.metrics.observe_drafts(&audit);
         }
         r
-    }
-
-    async fn get_records(
-        &self,
-        namespace: Namespace,
-        key: Key,
-        owners: Vec<AgentId>,
-    ) -> Result<Vec<MemoryRecord>, StoreError> {
-        self.inner.get_records(namespace, key, owners).await
     }
 
     async fn put_record(
@@ -153,21 +141,9 @@ impl<S: Store> Store for Metered<S> {
         self.inner.delete_record(delete, audit).await
     }
 
-    async fn owner_usage(&self, owner: AgentId) -> Result<Usage, StoreError> {
-        self.inner.owner_usage(owner).await
-    }
-
     async fn append_audit(&self, drafts: Vec<AuditDraft>) -> Result<ChainHead, StoreError> {
         let r = self.inner.append_audit(drafts.clone()).await;
         self.after(r, &drafts)
-    }
-
-    async fn audit_page(&self, after: u64, limit: usize) -> Result<Vec<AuditEntry>, StoreError> {
-        self.inner.audit_page(after, limit).await
-    }
-
-    async fn audit_head(&self) -> Result<ChainHead, StoreError> {
-        self.inner.audit_head().await
     }
 
     async fn create_run(
@@ -178,10 +154,6 @@ impl<S: Store> Store for Metered<S> {
     ) -> Result<CreateRun, StoreError> {
         let audit = self.counted(audit);
         self.inner.create_run(run, limit, audit).await
-    }
-
-    async fn get_run(&self, run_id: RunId) -> Result<Option<RunState>, StoreError> {
-        self.inner.get_run(run_id).await
     }
 
     async fn record_step(
@@ -212,14 +184,6 @@ impl<S: Store> Store for Metered<S> {
             .await
     }
 
-    async fn get_envelope(
-        &self,
-        envelope_id: EnvelopeId,
-        version: Option<u64>,
-    ) -> Result<Option<EnvelopeRecord>, StoreError> {
-        self.inner.get_envelope(envelope_id, version).await
-    }
-
     async fn put_escalation(
         &self,
         escalation: EscalationRecord,
@@ -228,20 +192,6 @@ impl<S: Store> Store for Metered<S> {
         self.inner
             .put_escalation(escalation, self.counted(audit))
             .await
-    }
-
-    async fn get_escalation(
-        &self,
-        escalation_id: String,
-    ) -> Result<Option<EscalationRecord>, StoreError> {
-        self.inner.get_escalation(escalation_id).await
-    }
-
-    async fn list_escalations(
-        &self,
-        status: Option<EscalationStatus>,
-    ) -> Result<Vec<EscalationRecord>, StoreError> {
-        self.inner.list_escalations(status).await
     }
 
     async fn resolve_escalation(

@@ -10,8 +10,8 @@
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use rusqlite::{Connection, OptionalExtension};
-use warden_core::audit::{ChainHead, Digest};
+use rusqlite::{Connection, OptionalExtension, params};
+use warden_core::audit::{AuditEntry, ChainHead, Digest};
 use warden_store::verify::AuditChecker;
 use warden_store::{HeadAnchor, StoreError, VerifyError, VerifyReport};
 
@@ -157,4 +157,28 @@ fn export_conn<W: Write>(conn: &mut Connection, after: u64, out: W) -> Result<u6
     tx.finish().store()?;
     out.flush()?;
     Ok(written)
+}
+
+/// Up to `limit` entries with `seq > after`, ascending.
+pub(crate) fn audit_page_in(
+    conn: &Connection,
+    after: u64,
+    limit: usize,
+) -> Result<Vec<AuditEntry>, StoreError> {
+    let Ok(after) = i64::try_from(after) else {
+        return Ok(Vec::new());
+    };
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT {} FROM audit WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+            codec::AUDIT_COLUMNS
+        ))
+        .store()?;
+    let mut rows = stmt.query(params![after, limit]).store()?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().store()? {
+        out.push(codec::audit_from_row(row)?);
+    }
+    Ok(out)
 }

@@ -86,10 +86,7 @@ pub(crate) const AGENT_COLUMNS: &str =
     "id, parent, capabilities, tools, config, status, created_at, envelope_id";
 
 pub(crate) fn status_to_sql(s: AgentStatus) -> &'static str {
-    match s {
-        AgentStatus::Active => "active",
-        AgentStatus::Revoked => "revoked",
-    }
+    s.as_str()
 }
 
 pub(crate) fn agent_from_row(row: &Row<'_>) -> Result<StoredAgent, StoreError> {
@@ -109,11 +106,9 @@ pub(crate) fn agent_from_row(row: &Row<'_>) -> Result<StoredAgent, StoreError> {
         capabilities: parse_json(&what, &capabilities)?,
         tools: parse_json(&what, &tools)?,
         config: config.map(|c| parse_json(&what, &c)).transpose()?,
-        status: match status.as_str() {
-            "active" => AgentStatus::Active,
-            "revoked" => AgentStatus::Revoked,
-            other => return Err(corrupt(what, format!("unknown status `{other}`"))),
-        },
+        status: status
+            .parse::<AgentStatus>()
+            .map_err(|e| corrupt(&what, e))?,
         created_at: Timestamp(col(row, 6, &what)?),
         envelope_id,
     })
@@ -124,10 +119,11 @@ pub(crate) const TOKEN_COLUMNS: &str =
     "token_id, hash, subject_kind, agent_id, created_at, revoked";
 
 pub(crate) fn subject_to_sql(s: &TokenSubject) -> (&'static str, Option<&str>) {
-    match s {
-        TokenSubject::Operator => ("operator", None),
-        TokenSubject::Agent(id) => ("agent", Some(id.as_str())),
-    }
+    let agent = match s {
+        TokenSubject::Operator => None,
+        TokenSubject::Agent(id) => Some(id.as_str()),
+    };
+    (s.kind_str(), agent)
 }
 
 pub(crate) fn token_from_row(row: &Row<'_>) -> Result<TokenRecord, StoreError> {
@@ -166,25 +162,25 @@ pub(crate) struct ClassColumns {
 pub(crate) fn class_to_sql(class: &RecordClass) -> Result<ClassColumns, StoreError> {
     Ok(match class {
         RecordClass::Preference => ClassColumns {
-            class: "preference",
+            class: class.name(),
             combine: None,
             grants: None,
             expires_at: None,
         },
         RecordClass::Policy { combine } => ClassColumns {
-            class: "policy",
+            class: class.name(),
             combine: Some(combine.as_str()),
             grants: None,
             expires_at: None,
         },
         RecordClass::Secret { grants } => ClassColumns {
-            class: "secret",
+            class: class.name(),
             combine: None,
             grants: Some(json_text(grants)?),
             expires_at: None,
         },
         RecordClass::Task { expires_at } => ClassColumns {
-            class: "task",
+            class: class.name(),
             combine: None,
             grants: None,
             expires_at: expires_at.map(|t| t.0),
@@ -206,8 +202,7 @@ pub(crate) fn record_from_row(row: &Row<'_>) -> Result<MemoryRecord, StoreError>
     let class = match (class.as_str(), combine) {
         ("preference", _) => RecordClass::Preference,
         ("policy", Some(c)) => RecordClass::Policy {
-            combine: Combinator::parse(&c)
-                .ok_or_else(|| corrupt(&what, format!("unknown combinator `{c}`")))?,
+            combine: c.parse::<Combinator>().map_err(|e| corrupt(&what, e))?,
         },
         ("secret", _) => RecordClass::Secret {
             grants: grants
@@ -222,8 +217,9 @@ pub(crate) fn record_from_row(row: &Row<'_>) -> Result<MemoryRecord, StoreError>
     };
     Ok(MemoryRecord {
         value: parse_json(&what, &value)?,
-        visibility: Visibility::parse(&visibility)
-            .ok_or_else(|| corrupt(&what, format!("unknown visibility `{visibility}`")))?,
+        visibility: visibility
+            .parse::<Visibility>()
+            .map_err(|e| corrupt(&what, e))?,
         class,
         revision: to_u64(&what, col(row, 9, &what)?)?,
         created_at: Timestamp(col(row, 10, &what)?),
@@ -255,13 +251,7 @@ impl From<BadEntry> for StoreError {
 }
 
 fn verdict_from_sql(s: &str) -> Option<Verdict> {
-    Some(match s {
-        "allow" => Verdict::Allow,
-        "constrain" => Verdict::Constrain,
-        "deny" => Verdict::Deny,
-        "escalate" => Verdict::Escalate,
-        _ => return None,
-    })
+    s.parse().ok()
 }
 
 pub(crate) fn audit_from_row(row: &Row<'_>) -> Result<AuditEntry, BadEntry> {
@@ -362,20 +352,7 @@ pub(crate) fn audit_ref<'r>(row: &'r Row<'_>) -> Result<EntryRef<'r>, BadEntry> 
 // ----- runs -----
 
 pub(crate) fn step_status_to_sql(s: StepStatus) -> &'static str {
-    match s {
-        StepStatus::Completed => "completed",
-        StepStatus::Failed => "failed",
-        StepStatus::Denied => "denied",
-    }
-}
-
-fn step_status_from_sql(s: &str) -> Option<StepStatus> {
-    Some(match s {
-        "completed" => StepStatus::Completed,
-        "failed" => StepStatus::Failed,
-        "denied" => StepStatus::Denied,
-        _ => return None,
-    })
+    s.as_str()
 }
 
 /// Columns [`step_from_row`] reads, in order.
@@ -403,8 +380,7 @@ pub(crate) fn step_from_row(
     let labels: Option<String> = col(row, 6, &what)?;
     let recorded_at: Option<i64> = col(row, 7, &what)?;
     let outcome = StepOutcome {
-        status: step_status_from_sql(&status)
-            .ok_or_else(|| corrupt(&what, format!("unknown status `{status}`")))?,
+        status: status.parse().map_err(|e| corrupt(&what, e))?,
         result: result.map(|r| parse_json(&what, &r)).transpose()?,
         error: col(row, 5, &what)?,
         labels: labels

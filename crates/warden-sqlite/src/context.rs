@@ -137,13 +137,7 @@ pub(crate) fn get_envelope_in(
 const ESCALATION_COLUMNS: &str = "escalation_id, status, record";
 
 fn status_from_sql(s: &str) -> Option<EscalationStatus> {
-    Some(match s {
-        "pending" => EscalationStatus::Pending,
-        "approved" => EscalationStatus::Approved,
-        "rejected" => EscalationStatus::Rejected,
-        "consumed" => EscalationStatus::Consumed,
-        _ => return None,
-    })
+    s.parse().ok()
 }
 
 fn escalation_from_row(row: &Row<'_>) -> Result<EscalationRecord, StoreError> {

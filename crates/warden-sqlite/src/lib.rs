@@ -192,9 +192,11 @@ mod audit;
 mod codec;
 mod context;
 mod error;
+mod memory;
 #[cfg(test)]
 mod migration_tests;
 mod options;
+mod runs;
 mod schema;
 mod store;
 mod writer;

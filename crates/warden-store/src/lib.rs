@@ -2,7 +2,8 @@
 //!
 //! The one storage trait every Warden backend implements ([`Store`]), the
 //! records it stores, an in-memory implementation ([`MemoryStore`]) and the
-//! [`conformance`] suite that every backend must pass.
+//! conformance suite that every backend must pass (module `conformance`,
+//! behind the `conformance` feature).
 //!
 //! Design rules every backend follows:
 //!
@@ -27,17 +28,19 @@
 //!   effect on stable storage (for the in-memory store: in memory).
 //!
 //! This crate depends on no database driver; backends live in their own
-//! crates. Every backend runs the [`conformance`] suite with one line
-//! ([`conformance_tests!`]); [`verify`] checks any backend's audit chain
+//! crates. Every backend runs the conformance suite with one line
+//! (`conformance_tests!`, with the `conformance` feature enabled from its
+//! dev-dependencies); [`verify`] checks any backend's audit chain
 //! against its recorded head and an external [`HeadAnchor`].
 
 mod error;
+pub mod forward;
 mod memory_store;
 mod quota;
 mod records;
 
+#[cfg(feature = "conformance")]
 pub mod conformance;
-pub mod conformance_context;
 pub mod verify;
 
 use std::collections::BTreeSet;
@@ -52,10 +55,14 @@ use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 
 pub use error::{BoxError, Entity, StoreError};
+
 pub use memory_store::MemoryStore;
 pub use quota::{QuotaKind, RunsInFlight, StorageQuota, decide_put, encoded_len, run_finished};
 pub use records::*;
 pub use verify::{HeadAnchor, VerifyError, VerifyReport, verify_store};
+/// The core crate, for the types [`forward_store!`] names.
+#[doc(hidden)]
+pub use warden_core as __core;
 
 /// Turns the outcome of an operation decided inside a transaction into the
 /// audit entries committed with it.

@@ -590,18 +590,6 @@ impl Store for MemoryStore {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn context_conformance() {
-        crate::conformance_context::run_all(&MemoryStore::new())
-            .await
-            .unwrap();
-    }
-}
-
-#[cfg(test)]
 mod audit_log_tests {
     use super::*;
     use warden_core::audit::ChainVerifier;

@@ -58,6 +58,16 @@ pub enum TokenSubject {
     Agent(AgentId),
 }
 
+impl TokenSubject {
+    /// The kind's snake_case name (`operator`, `agent`).
+    pub fn kind_str(&self) -> &'static str {
+        match self {
+            TokenSubject::Operator => "operator",
+            TokenSubject::Agent(_) => "agent",
+        }
+    }
+}
+
 /// A bearer token; only the SHA-256 of its secret is stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenRecord {
@@ -196,6 +206,31 @@ pub enum StepStatus {
     Denied,
 }
 
+impl StepStatus {
+    /// The status's snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepStatus::Completed => "completed",
+            StepStatus::Failed => "failed",
+            StepStatus::Denied => "denied",
+        }
+    }
+}
+
+impl std::str::FromStr for StepStatus {
+    type Err = String;
+
+    /// Parse the snake_case name ([`StepStatus::as_str`]).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "completed" => Ok(StepStatus::Completed),
+            "failed" => Ok(StepStatus::Failed),
+            "denied" => Ok(StepStatus::Denied),
+            other => Err(format!("unknown step status `{other}`")),
+        }
+    }
+}
+
 /// The recorded outcome of one step.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepOutcome {
@@ -326,6 +361,21 @@ impl EscalationStatus {
     }
 }
 
+impl std::str::FromStr for EscalationStatus {
+    type Err = String;
+
+    /// Parse the snake_case name ([`EscalationStatus::as_str`]).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "pending" => Ok(EscalationStatus::Pending),
+            "approved" => Ok(EscalationStatus::Approved),
+            "rejected" => Ok(EscalationStatus::Rejected),
+            "consumed" => Ok(EscalationStatus::Consumed),
+            other => Err(format!("unknown escalation status `{other}`")),
+        }
+    }
+}
+
 /// A request held for human review: labels, levels and ids only, never data.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EscalationRecord {
@@ -403,4 +453,68 @@ pub enum ResolveEscalation {
     NotPending(Box<EscalationRecord>),
     /// No such escalation.
     NotFound,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warden_core::decision::Verdict;
+    use warden_core::memory::{Combinator, Visibility};
+
+    /// Every stored name parses back to its value, and an unknown name is
+    /// refused with a message naming it.
+    #[test]
+    fn text_names_round_trip() {
+        for s in [
+            StepStatus::Completed,
+            StepStatus::Failed,
+            StepStatus::Denied,
+        ] {
+            assert_eq!(s.as_str().parse::<StepStatus>(), Ok(s));
+        }
+        for s in [
+            EscalationStatus::Pending,
+            EscalationStatus::Approved,
+            EscalationStatus::Rejected,
+            EscalationStatus::Consumed,
+        ] {
+            assert_eq!(s.as_str().parse::<EscalationStatus>(), Ok(s));
+        }
+        for s in [AgentStatus::Active, AgentStatus::Revoked] {
+            assert_eq!(s.as_str().parse::<AgentStatus>(), Ok(s));
+        }
+        for v in [
+            Verdict::Allow,
+            Verdict::Constrain,
+            Verdict::Deny,
+            Verdict::Escalate,
+        ] {
+            assert_eq!(v.as_str().parse::<Verdict>(), Ok(v));
+        }
+        for v in [
+            Visibility::Private,
+            Visibility::Children,
+            Visibility::Descendants,
+        ] {
+            assert_eq!(v.as_str().parse::<Visibility>(), Ok(v));
+        }
+        for c in [
+            Combinator::All,
+            Combinator::Any,
+            Combinator::Min,
+            Combinator::Max,
+            Combinator::Intersection,
+        ] {
+            assert_eq!(c.as_str().parse::<Combinator>(), Ok(c));
+        }
+        assert_eq!(
+            "Completed".parse::<StepStatus>(),
+            Err("unknown step status `Completed`".to_string())
+        );
+        assert_eq!(
+            "gone".parse::<AgentStatus>(),
+            Err("unknown agent status `gone`".to_string())
+        );
+        assert_eq!(TokenSubject::Operator.kind_str(), "operator");
+    }
 }

@@ -74,6 +74,15 @@ impl Visibility {
     }
 }
 
+impl std::str::FromStr for Visibility {
+    type Err = String;
+
+    /// Parse the snake_case name ([`Visibility::as_str`]).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Visibility::parse(s).ok_or_else(|| format!("unknown visibility `{s}`"))
+    }
+}
+
 /// How `policy` records along a lineage combine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -159,6 +168,15 @@ impl RecordClass {
             RecordClass::Secret { .. } => "secret",
             RecordClass::Task { .. } => "task",
         }
+    }
+}
+
+impl std::str::FromStr for Combinator {
+    type Err = String;
+
+    /// Parse the snake_case name ([`Combinator::as_str`]).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Combinator::parse(s).ok_or_else(|| format!("unknown combinator `{s}`"))
     }
 }
 

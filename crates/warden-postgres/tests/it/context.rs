@@ -1,6 +1,6 @@
-//! Context envelopes and the escalation queue: the shared checks
-//! (`warden_store::conformance_context`), and races across store instances
-//! (as several servers would run them) on one schema.
+//! Context envelopes and the escalation queue across store instances (as
+//! several servers would run them) on one schema; the shared checks run in
+//! the conformance suite.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -21,16 +21,6 @@ use warden_store::{
 use crate::support::*;
 
 const RACERS: usize = 16;
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn context_conformance() {
-    let scratch = scratch_or_skip!();
-    let store = scratch.store().await;
-    warden_store::conformance_context::run_all(&store)
-        .await
-        .unwrap();
-    assert_chain(&store).await;
-}
 
 fn envelope(id: &str, version: u64, labels: &[&str]) -> EnvelopeRecord {
     EnvelopeRecord {

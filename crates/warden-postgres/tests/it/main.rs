@@ -21,7 +21,6 @@ mod changes;
 mod concurrency;
 mod context;
 mod crash;
-mod memory;
 mod migrations;
 mod quotas;
 mod runs;

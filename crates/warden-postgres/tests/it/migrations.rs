@@ -314,7 +314,7 @@ async fn a_version_1_database_migrates_with_data_intact() {
         .await
         .unwrap();
     assert_eq!(o, RecordStep::Recorded);
-    warden_store::conformance_context::run_all(&stores[2])
+    warden_store::conformance::run_context_checks(&stores[2])
         .await
         .unwrap();
     assert_chain(&stores[1]).await;

@@ -1,25 +1,20 @@
 //! Test support: a scratch schema per test, dropped when the test ends, and
 //! helpers shared by the modules.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
-use warden_core::audit::{AuditDraft, AuditEntry, ChainHead, ChainVerifier, Digest};
-use warden_core::decision::{Subject, Verdict};
-use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
+use warden_core::audit::{AuditDraft, AuditEntry, ChainHead, ChainVerifier};
+use warden_core::decision::Verdict;
+use warden_core::envelope::EnvelopeId;
 use warden_core::hierarchy::AgentStatus;
 use warden_core::ids::{ActionName, AgentId, Key, Namespace};
 use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 use warden_postgres::{PgOptions, PgStore};
-use warden_store::{
-    AuditFn, DeleteOutcome, EscalationRecord, EscalationResolution, EscalationStatus,
-    EscalationTarget, PutEnvelope, PutEscalation, PutOutcome, ResolveEscalation, Store, StoreError,
-    StoredAgent,
-};
+use warden_store::{Store, StoredAgent};
 
 /// The variable CI sets to a PostgreSQL URL.
 pub const ENV: &str = "WARDEN_TEST_DATABASE_URL";
@@ -229,183 +224,7 @@ impl ScratchStore {
     }
 }
 
-impl Store for ScratchStore {
-    async fn load_agents(&self) -> Result<Vec<StoredAgent>, warden_store::StoreError> {
-        self.store.load_agents().await
-    }
-    async fn insert_agent(
-        &self,
-        agent: StoredAgent,
-        audit: Vec<AuditDraft>,
-    ) -> Result<(), warden_store::StoreError> {
-        self.store.insert_agent(agent, audit).await
-    }
-    async fn set_agent_status(
-        &self,
-        ids: Vec<AgentId>,
-        status: AgentStatus,
-        audit: Vec<AuditDraft>,
-    ) -> Result<(), warden_store::StoreError> {
-        self.store.set_agent_status(ids, status, audit).await
-    }
-    async fn set_agent_capabilities(
-        &self,
-        id: AgentId,
-        capabilities: BTreeSet<ActionName>,
-        audit: Vec<AuditDraft>,
-    ) -> Result<(), warden_store::StoreError> {
-        self.store
-            .set_agent_capabilities(id, capabilities, audit)
-            .await
-    }
-    async fn insert_token(
-        &self,
-        token: warden_store::TokenRecord,
-        audit: Vec<AuditDraft>,
-    ) -> Result<(), warden_store::StoreError> {
-        self.store.insert_token(token, audit).await
-    }
-    async fn find_token(
-        &self,
-        hash: Digest,
-    ) -> Result<Option<warden_store::TokenRecord>, warden_store::StoreError> {
-        self.store.find_token(hash).await
-    }
-    async fn revoke_token(
-        &self,
-        token_id: String,
-        audit: Vec<AuditDraft>,
-    ) -> Result<bool, warden_store::StoreError> {
-        self.store.revoke_token(token_id, audit).await
-    }
-    async fn get_records(
-        &self,
-        namespace: Namespace,
-        key: Key,
-        owners: Vec<AgentId>,
-    ) -> Result<Vec<MemoryRecord>, warden_store::StoreError> {
-        self.store.get_records(namespace, key, owners).await
-    }
-    async fn put_record(
-        &self,
-        put: Put,
-        now: Timestamp,
-        quota: warden_store::StorageQuota,
-        audit: AuditFn<PutOutcome>,
-    ) -> Result<PutOutcome, warden_store::StoreError> {
-        self.store.put_record(put, now, quota, audit).await
-    }
-    async fn delete_record(
-        &self,
-        delete: warden_store::Delete,
-        audit: AuditFn<DeleteOutcome>,
-    ) -> Result<DeleteOutcome, warden_store::StoreError> {
-        self.store.delete_record(delete, audit).await
-    }
-    async fn owner_usage(
-        &self,
-        owner: AgentId,
-    ) -> Result<warden_store::Usage, warden_store::StoreError> {
-        self.store.owner_usage(owner).await
-    }
-    async fn append_audit(
-        &self,
-        drafts: Vec<AuditDraft>,
-    ) -> Result<ChainHead, warden_store::StoreError> {
-        self.store.append_audit(drafts).await
-    }
-    async fn audit_page(
-        &self,
-        after: u64,
-        limit: usize,
-    ) -> Result<Vec<AuditEntry>, warden_store::StoreError> {
-        self.store.audit_page(after, limit).await
-    }
-    async fn audit_head(&self) -> Result<ChainHead, warden_store::StoreError> {
-        self.store.audit_head().await
-    }
-    async fn create_run(
-        &self,
-        run: warden_store::RunRecord,
-        limit: Option<warden_store::RunsInFlight>,
-        audit: AuditFn<warden_store::CreateRun>,
-    ) -> Result<warden_store::CreateRun, warden_store::StoreError> {
-        self.store.create_run(run, limit, audit).await
-    }
-    async fn get_run(
-        &self,
-        run_id: warden_core::ids::RunId,
-    ) -> Result<Option<warden_store::RunState>, warden_store::StoreError> {
-        self.store.get_run(run_id).await
-    }
-    async fn record_step(
-        &self,
-        run_id: warden_core::ids::RunId,
-        step_id: warden_core::ids::StepId,
-        outcome: warden_store::StepOutcome,
-        audit: Vec<AuditDraft>,
-    ) -> Result<warden_store::RecordStep, warden_store::StoreError> {
-        self.store
-            .record_step(run_id, step_id, outcome, audit)
-            .await
-    }
-    async fn put_envelope(
-        &self,
-        record: EnvelopeRecord,
-        expected_version: Option<u64>,
-        audit: AuditFn<PutEnvelope>,
-    ) -> Result<PutEnvelope, StoreError> {
-        self.store
-            .put_envelope(record, expected_version, audit)
-            .await
-    }
-    async fn get_envelope(
-        &self,
-        envelope_id: EnvelopeId,
-        version: Option<u64>,
-    ) -> Result<Option<EnvelopeRecord>, StoreError> {
-        self.store.get_envelope(envelope_id, version).await
-    }
-    async fn put_escalation(
-        &self,
-        escalation: EscalationRecord,
-        audit: AuditFn<PutEscalation>,
-    ) -> Result<PutEscalation, StoreError> {
-        self.store.put_escalation(escalation, audit).await
-    }
-    async fn get_escalation(
-        &self,
-        escalation_id: String,
-    ) -> Result<Option<EscalationRecord>, StoreError> {
-        self.store.get_escalation(escalation_id).await
-    }
-    async fn list_escalations(
-        &self,
-        status: Option<EscalationStatus>,
-    ) -> Result<Vec<EscalationRecord>, StoreError> {
-        self.store.list_escalations(status).await
-    }
-    async fn resolve_escalation(
-        &self,
-        escalation_id: String,
-        resolution: EscalationResolution,
-        by: Subject,
-        at: Timestamp,
-        audit: AuditFn<ResolveEscalation>,
-    ) -> Result<ResolveEscalation, StoreError> {
-        self.store
-            .resolve_escalation(escalation_id, resolution, by, at, audit)
-            .await
-    }
-    async fn consume_escalation(
-        &self,
-        target: EscalationTarget,
-        at: Timestamp,
-        audit: AuditFn<Option<EscalationRecord>>,
-    ) -> Result<Option<EscalationRecord>, StoreError> {
-        self.store.consume_escalation(target, at, audit).await
-    }
-}
+warden_store::forward_store!(impl Store for ScratchStore => field store);
 
 // ----- domain helpers -----
 
@@ -500,19 +319,6 @@ pub fn put(owner: &str, namespace: &str, k: &str, value: Value, expected: Option
 }
 
 pub use warden_store::conformance::put_audit;
-
-pub fn delete_audit(subject: &str, resource: &str) -> AuditFn<DeleteOutcome> {
-    let subject = subject.to_string();
-    let resource = resource.to_string();
-    Box::new(move |outcome: &DeleteOutcome| {
-        let (verdict, reason) = match outcome {
-            DeleteOutcome::Deleted { .. } => (Verdict::Allow, "owner_delete"),
-            DeleteOutcome::NotFound => (Verdict::Deny, "record_not_found"),
-            DeleteOutcome::Conflict { .. } => (Verdict::Deny, "revision_conflict"),
-        };
-        vec![draft(&subject, "memory.delete", &resource, verdict, reason)]
-    })
-}
 
 /// Every audit entry, paged through `audit_page` in small pages.
 pub async fn audit_all<S: Store>(store: &S) -> Vec<AuditEntry> {

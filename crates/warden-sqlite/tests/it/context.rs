@@ -18,14 +18,6 @@ use warden_store::{
 
 use crate::support::{id, temp_db, url};
 
-#[tokio::test]
-async fn context_conformance() {
-    let store = SqliteStore::open_temp().await.unwrap();
-    warden_store::conformance_context::run_all(&store)
-        .await
-        .unwrap();
-}
-
 fn envelope(name: &str, version: u64) -> EnvelopeRecord {
     EnvelopeRecord {
         envelope_id: EnvelopeId::parse(name).unwrap(),

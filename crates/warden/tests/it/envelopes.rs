@@ -1004,57 +1004,30 @@ struct Yielding {
     conflicts: std::sync::atomic::AtomicUsize,
 }
 
-macro_rules! yielding {
-    ($( fn $name:ident(&self $(, $arg:ident : $ty:ty)*) -> $out:ty; )*) => {
-        impl Store for Yielding {
-            $(
-                async fn $name(&self $(, $arg: $ty)*) -> Result<$out, warden_store::StoreError> {
-                    tokio::task::yield_now().await;
-                    self.inner.$name($($arg),*).await
-                }
-            )*
+impl Store for Yielding {
+    warden_store::forward_store!(field inner before { tokio::task::yield_now().await };
+        load_agents, insert_agent, set_agent_status, set_agent_capabilities, insert_token,
+        find_token, revoke_token, get_records, put_record, delete_record, owner_usage,
+        append_audit, audit_page, audit_head, create_run, get_run, record_step, get_envelope,
+        put_escalation, get_escalation, list_escalations, resolve_escalation, consume_escalation);
 
-            async fn put_envelope(
-                &self,
-                record: EnvelopeRecord,
-                expected_version: Option<u64>,
-                audit: warden_store::AuditFn<warden_store::PutEnvelope>,
-            ) -> Result<warden_store::PutEnvelope, warden_store::StoreError> {
-                tokio::task::yield_now().await;
-                let out = self.inner.put_envelope(record, expected_version, audit).await?;
-                if matches!(out, warden_store::PutEnvelope::Conflict { .. }) {
-                    self.conflicts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                }
-                Ok(out)
-            }
+    async fn put_envelope(
+        &self,
+        record: EnvelopeRecord,
+        expected_version: Option<u64>,
+        audit: warden_store::AuditFn<warden_store::PutEnvelope>,
+    ) -> Result<warden_store::PutEnvelope, warden_store::StoreError> {
+        tokio::task::yield_now().await;
+        let out = self
+            .inner
+            .put_envelope(record, expected_version, audit)
+            .await?;
+        if matches!(out, warden_store::PutEnvelope::Conflict { .. }) {
+            self.conflicts
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
-    };
-}
-
-yielding! {
-    fn load_agents(&self) -> Vec<StoredAgent>;
-    fn insert_agent(&self, agent: StoredAgent, audit: Vec<warden_core::audit::AuditDraft>) -> ();
-    fn set_agent_status(&self, ids: Vec<warden_core::ids::AgentId>, status: AgentStatus, audit: Vec<warden_core::audit::AuditDraft>) -> ();
-    fn set_agent_capabilities(&self, id: warden_core::ids::AgentId, capabilities: BTreeSet<ActionName>, audit: Vec<warden_core::audit::AuditDraft>) -> ();
-    fn insert_token(&self, token: warden_store::TokenRecord, audit: Vec<warden_core::audit::AuditDraft>) -> ();
-    fn find_token(&self, hash: warden_core::audit::Digest) -> Option<warden_store::TokenRecord>;
-    fn revoke_token(&self, token_id: String, audit: Vec<warden_core::audit::AuditDraft>) -> bool;
-    fn get_records(&self, namespace: warden_core::ids::Namespace, key: warden_core::ids::Key, owners: Vec<warden_core::ids::AgentId>) -> Vec<warden_core::memory::MemoryRecord>;
-    fn put_record(&self, put: warden_core::memory::Put, now: Timestamp, quota: warden_store::StorageQuota, audit: warden_store::AuditFn<warden_store::PutOutcome>) -> warden_store::PutOutcome;
-    fn delete_record(&self, delete: warden_store::Delete, audit: warden_store::AuditFn<warden_store::DeleteOutcome>) -> warden_store::DeleteOutcome;
-    fn owner_usage(&self, owner: warden_core::ids::AgentId) -> warden_store::Usage;
-    fn append_audit(&self, drafts: Vec<warden_core::audit::AuditDraft>) -> warden_core::audit::ChainHead;
-    fn audit_page(&self, after: u64, limit: usize) -> Vec<AuditEntry>;
-    fn audit_head(&self) -> warden_core::audit::ChainHead;
-    fn create_run(&self, run: RunRecord, limit: Option<warden_store::RunsInFlight>, audit: warden_store::AuditFn<warden_store::CreateRun>) -> warden_store::CreateRun;
-    fn get_run(&self, run_id: RunId) -> Option<warden_store::RunState>;
-    fn record_step(&self, run_id: RunId, step_id: StepId, outcome: StepOutcome, audit: Vec<warden_core::audit::AuditDraft>) -> warden_store::RecordStep;
-    fn get_envelope(&self, envelope_id: EnvelopeId, version: Option<u64>) -> Option<EnvelopeRecord>;
-    fn put_escalation(&self, escalation: warden_store::EscalationRecord, audit: warden_store::AuditFn<warden_store::PutEscalation>) -> warden_store::PutEscalation;
-    fn get_escalation(&self, escalation_id: String) -> Option<warden_store::EscalationRecord>;
-    fn list_escalations(&self, status: Option<EscalationStatus>) -> Vec<warden_store::EscalationRecord>;
-    fn resolve_escalation(&self, escalation_id: String, resolution: warden_store::EscalationResolution, by: Caller, at: Timestamp, audit: warden_store::AuditFn<warden_store::ResolveEscalation>) -> warden_store::ResolveEscalation;
-    fn consume_escalation(&self, target: EscalationTarget, at: Timestamp, audit: warden_store::AuditFn<Option<warden_store::EscalationRecord>>) -> Option<warden_store::EscalationRecord>;
+        Ok(out)
+    }
 }
 
 /// A fold and a declassification racing on one envelope both land: the

@@ -1,0 +1,176 @@
+//! The SQL statements, prepared once per connection.
+
+pub const LOAD_AGENTS: &str = "SELECT id, parent, capabilities, tools, config, status, \
+     created_at, envelope_id FROM agents ORDER BY ord";
+pub const AGENTS_BY_ID: &str = "SELECT id, parent, capabilities, tools, config, status, \
+     created_at, envelope_id FROM agents WHERE id = ANY($1) ORDER BY ord";
+pub const INSERT_AGENT: &str = "INSERT INTO agents \
+     (id, parent, capabilities, tools, config, status, created_at, envelope_id) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING";
+pub const SET_STATUS: &str = "UPDATE agents SET status = $1 WHERE id = ANY($2) RETURNING id";
+pub const LOCK_AGENTS: &str = "SELECT id FROM agents WHERE id = ANY($1) ORDER BY id FOR UPDATE";
+/// Conflicts with the `FOR UPDATE` of a revocation (and with any
+/// status update), not with other registrations under the same parent.
+pub const LOCK_PARENT: &str = "SELECT status FROM agents WHERE id = $1 FOR SHARE";
+/// Active descendants of `$1`, revoked; returns their ids.
+pub const REVOKE_DESCENDANTS: &str = "WITH RECURSIVE sub (id) AS ( \
+       SELECT id FROM agents WHERE parent = ANY($1) \
+       UNION SELECT a.id FROM agents a JOIN sub ON a.parent = sub.id) \
+     UPDATE agents SET status = 'revoked' \
+     WHERE id IN (SELECT id FROM sub) AND status = 'active' RETURNING id";
+pub const SET_CAPABILITIES: &str = "UPDATE agents SET capabilities = $2 WHERE id = $1";
+
+pub const INSERT_TOKEN: &str = "INSERT INTO tokens \
+     (token_id, hash, subject_kind, subject_agent, created_at, revoked) \
+     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING";
+pub const FIND_TOKEN: &str = "SELECT token_id, hash, subject_kind, subject_agent, created_at, revoked \
+     FROM tokens WHERE hash = $1";
+pub const REVOKE_TOKEN: &str =
+    "UPDATE tokens SET revoked = TRUE WHERE token_id = $1 AND NOT revoked";
+
+pub const GET_RECORDS: &str = "SELECT owner, namespace, key, value, visibility, class, combine, \
+     grants, expires_at, revision, created_at, updated_at \
+     FROM memory WHERE namespace = $1 AND key = $2 AND owner = ANY($3)";
+pub const SELECT_RECORD: &str = "SELECT owner, namespace, key, value, visibility, class, combine, \
+     grants, expires_at, revision, created_at, updated_at \
+     FROM memory WHERE owner = $1 AND namespace = $2 AND key = $3";
+pub const SELECT_REVISION: &str =
+    "SELECT revision FROM memory WHERE owner = $1 AND namespace = $2 AND key = $3";
+/// Create-only: zero rows means the record exists.
+pub const INSERT_RECORD: &str = "INSERT INTO memory \
+     (owner, namespace, key, value, visibility, class, combine, grants, expires_at, \
+      revision, created_at, updated_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1, $10, $10) \
+     ON CONFLICT (owner, namespace, key) DO NOTHING";
+/// The lab document's conditional update: zero rows means the revision
+/// moved on (or the record is gone).
+pub const UPDATE_RECORD: &str = "UPDATE memory SET value = $4, visibility = $5, class = $6, \
+     combine = $7, grants = $8, expires_at = $9, revision = revision + 1, updated_at = $10 \
+     WHERE owner = $1 AND namespace = $2 AND key = $3 AND revision = $11";
+pub const DELETE_RECORD: &str = "DELETE FROM memory \
+     WHERE owner = $1 AND namespace = $2 AND key = $3 RETURNING revision";
+pub const DELETE_RECORD_AT: &str = "DELETE FROM memory \
+     WHERE owner = $1 AND namespace = $2 AND key = $3 AND revision = $4 RETURNING revision";
+pub const OWNER_USAGE: &str = "SELECT count(*), coalesce(sum(value_bytes), 0)::bigint \
+     FROM memory WHERE owner = $1";
+/// Serialises the quota-checked transactions of one owner (`$1` is the
+/// kind of quota, `$2` the owner or agent) until commit, on every
+/// server: usage read after it is exact until this transaction ends.
+pub const QUOTA_LOCK: &str = "SELECT pg_advisory_xact_lock($1::int, hashtext($2::text))";
+
+pub const HEAD: &str = "SELECT seq, hash FROM audit_head";
+/// The lock that orders every appending transaction.
+pub const LOCK_HEAD: &str = "SELECT seq, hash FROM audit_head FOR UPDATE";
+pub const APPEND: &str = "WITH appended AS ( \
+     INSERT INTO audit_log (seq, time, subject, operation, resource, verdict, reason, \
+       policy_version, details, prev_hash, hash) \
+     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::text[], \
+       $6::text[], $7::text[], $8::text[], $9::text[], $10::bytea[], $11::bytea[])) \
+     UPDATE audit_head SET seq = $12, hash = $13";
+pub const AUDIT_PAGE: &str = "SELECT seq, time, subject, operation, resource, verdict, reason, \
+     policy_version, details, prev_hash, hash \
+     FROM audit_log WHERE seq > $1 ORDER BY seq LIMIT $2";
+
+/// Runs under the head lock: `max + 1` is then assigned in commit
+/// order. The notification is sent when (and only if) the transaction
+/// commits; more than 32 ids are left out of the payload (a listener
+/// reads them from the table).
+pub const RECORD_CHANGE: &str = "INSERT INTO changes (seq, kind, ids) \
+     SELECT coalesce(max(seq), 0) + 1, $1::text, $2::text[] FROM changes \
+     RETURNING seq, pg_notify($3::text, json_build_object('seq', seq, 'kind', kind, \
+       'ids', CASE WHEN cardinality(ids) <= 32 THEN to_json(ids) END)::text)::text";
+pub const CHANGES_SINCE: &str =
+    "SELECT seq, kind, ids FROM changes WHERE seq > $1 ORDER BY seq LIMIT $2";
+pub const CHANGE_HEAD: &str = "SELECT coalesce(max(seq), 0) FROM changes";
+
+pub const INSERT_RUN: &str = "INSERT INTO runs \
+     (run_id, agent, sop_hash, sop, policy_version, created_at, envelope_id, finished_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (run_id) DO NOTHING";
+/// Runs of agent `$1` not finished and created at or after `$2`.
+pub const RUNS_IN_FLIGHT: &str = "SELECT count(*) FROM runs \
+     WHERE agent = $1 AND finished_at IS NULL AND created_at >= $2";
+/// Serialises the step recordings of one run, so the one that records
+/// its last outcome sees the others.
+pub const LOCK_RUN: &str = "SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE";
+/// Marks the run finished if the step just recorded (`$3` its status)
+/// finished it: not completed, or the last one without an outcome.
+pub const FINISH_RUN: &str = "UPDATE runs SET finished_at = $2 \
+     WHERE run_id = $1 AND finished_at IS NULL AND ($3::text <> 'completed' \
+       OR NOT EXISTS (SELECT 1 FROM run_steps WHERE run_id = $1 AND status IS NULL))";
+pub const INSERT_STEPS: &str = "INSERT INTO run_steps (run_id, ord, step_id, action, operation_id) \
+     SELECT $1::text, s.ord, s.step_id, s.action, s.operation_id \
+     FROM unnest($2::int[], $3::text[], $4::text[], $5::text[]) \
+       AS s (ord, step_id, action, operation_id)";
+pub const GET_RUN: &str = "SELECT r.agent, r.sop_hash, r.sop, r.policy_version, r.created_at, \
+     s.step_id, s.action, s.operation_id, s.status, s.result, s.error, s.labels, s.recorded_at, \
+     r.envelope_id \
+     FROM runs r LEFT JOIN run_steps s ON s.run_id = r.run_id \
+     WHERE r.run_id = $1 ORDER BY s.ord";
+pub const RECORD_STEP: &str = "UPDATE run_steps \
+     SET status = $3, result = $4, error = $5, labels = $6, recorded_at = $7 \
+     WHERE run_id = $1 AND step_id = $2 AND status IS NULL";
+pub const STEP_OUTCOME: &str = "SELECT status, result, error, labels, recorded_at \
+     FROM run_steps WHERE run_id = $1 AND step_id = $2";
+pub const RUN_EXISTS: &str = "SELECT 1 FROM runs WHERE run_id = $1";
+
+/// Create an envelope: zero rows means it exists.
+pub const CREATE_ENVELOPE_HEAD: &str = "INSERT INTO envelope_heads (envelope_id, version) \
+     VALUES ($1, $2) ON CONFLICT (envelope_id) DO NOTHING";
+/// The compare-and-set on the latest version: zero rows means the latest
+/// is not `$3` (or the envelope is missing), or `$2` is not above it.
+pub const ADVANCE_ENVELOPE_HEAD: &str = "UPDATE envelope_heads SET version = $2 \
+     WHERE envelope_id = $1 AND version = $3 AND $2 > $3";
+pub const ENVELOPE_HEAD: &str = "SELECT version FROM envelope_heads WHERE envelope_id = $1";
+pub const INSERT_ENVELOPE: &str =
+    "INSERT INTO envelopes (envelope_id, version, record) VALUES ($1, $2, $3)";
+pub const LATEST_ENVELOPE: &str = "SELECT envelope_id, version, record FROM envelopes \
+     WHERE envelope_id = $1 ORDER BY version DESC LIMIT 1";
+pub const ENVELOPE_VERSION: &str = "SELECT envelope_id, version, record FROM envelopes \
+     WHERE envelope_id = $1 AND version = $2";
+
+/// The columns `codec::escalation_out` decodes.
+macro_rules! escalation_cols {
+    () => {
+        "escalation_id, target, requested_by, operation, resource, reason, envelope_id, \
+         envelope_version, classification, obligations, status, created_at, resolved_by, \
+         resolved_at, rejection_reason, consumed_at"
+    };
+}
+/// Zero rows: the id exists, or an open escalation holds the target
+/// (the partial unique index `escalations_one_open_per_target`).
+pub const INSERT_ESCALATION: &str = concat!(
+    "INSERT INTO escalations (",
+    escalation_cols!(),
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
+     ON CONFLICT DO NOTHING"
+);
+pub const ESCALATION_EXISTS: &str = "SELECT 1 FROM escalations WHERE escalation_id = $1";
+pub const GET_ESCALATION: &str = concat!(
+    "SELECT ",
+    escalation_cols!(),
+    " FROM escalations WHERE escalation_id = $1"
+);
+pub const OPEN_ESCALATION: &str = concat!(
+    "SELECT ",
+    escalation_cols!(),
+    " FROM escalations WHERE target = $1 AND status IN ('pending', 'approved')"
+);
+pub const LIST_ESCALATIONS: &str = concat!(
+    "SELECT ",
+    escalation_cols!(),
+    " FROM escalations WHERE $1::text IS NULL OR status = $1 ORDER BY ord"
+);
+/// Exactly once: only a pending escalation is resolved.
+pub const RESOLVE_ESCALATION: &str = concat!(
+    "UPDATE escalations SET status = $2, resolved_by = $3, resolved_at = $4, \
+     rejection_reason = $5 WHERE escalation_id = $1 AND status = 'pending' RETURNING ",
+    escalation_cols!()
+);
+/// Exactly once: of concurrent callers, the one whose update reaches the
+/// row first changes it; the others re-check `status` after it commits
+/// and match nothing.
+pub const CONSUME_ESCALATION: &str = concat!(
+    "UPDATE escalations SET status = 'consumed', consumed_at = $2 \
+     WHERE target = $1 AND status = 'approved' RETURNING ",
+    escalation_cols!()
+);
