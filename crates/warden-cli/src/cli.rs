@@ -5,9 +5,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// The bundled example policy (the lab document's report hierarchy).
-pub const EXAMPLE_POLICY: &str = include_str!("../../../examples/report-hierarchy/policy.yaml");
-
 /// Warden: a governance engine for hierarchical AI agents.
 #[derive(Debug, Parser)]
 #[command(name = "warden", version, about)]

@@ -14,7 +14,7 @@ use warden_core::ids::{ActionName, AgentId, Key, Namespace};
 use warden_sqlite::SqliteStore;
 use warden_store::Store;
 
-use crate::cli::EXAMPLE_POLICY;
+use crate::example::EXAMPLE_POLICY;
 
 fn id(s: &str) -> anyhow::Result<AgentId> {
     AgentId::parse(s).map_err(|e| anyhow!("{e}"))

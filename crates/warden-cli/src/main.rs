@@ -8,6 +8,7 @@ mod audit;
 mod check;
 mod cli;
 mod demo;
+mod example;
 mod policy;
 mod serve;
 mod store;

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use warden::SystemClock;
 use warden_server::{AppState, OperatorTokenSource, ServerConfig, ensure_operator_token};
 
-use crate::cli::EXAMPLE_POLICY;
+use crate::example::EXAMPLE_POLICY;
 
 /// How long requests in flight get to finish after a shutdown signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);

@@ -22,7 +22,6 @@ use axum::http::{HeaderMap, StatusCode, header};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use warden_core::json::{self, JsonErrorKind};
-use warden_core::sop::SopError;
 use warden_store::Store;
 
 use crate::error::ApiError;
@@ -31,11 +30,6 @@ use crate::state::AppState;
 /// Deepest nesting the server ever accepts, whatever is configured: the
 /// core reader's cap, below `serde_json`'s own recursion limit.
 pub const MAX_SUPPORTED_DEPTH: usize = json::MAX_SUPPORTED_DEPTH;
-
-/// Serialise a response value (never fails for `Value`).
-pub(crate) fn json_bytes(v: &impl serde::Serialize) -> Vec<u8> {
-    serde_json::to_vec(v).unwrap_or_else(|_| b"{}".to_vec())
-}
 
 /// Parse `bytes` as exactly one JSON value, refusing duplicate keys and
 /// nesting deeper than `max_depth` (the root container counts as 1).
@@ -197,15 +191,6 @@ where
         }
         from_value(value).map(JsonBody)
     }
-}
-
-/// The response for an SOP that could not be parsed: 422 `invalid_sop`, with
-/// the parser's own code and the field path.
-pub fn sop_error(e: &SopError) -> ApiError {
-    ApiError::invalid("invalid_sop", format!("invalid sop: {e}")).with_details(json!({
-        "field": e.field(),
-        "reason": e.code(),
-    }))
 }
 
 #[cfg(test)]

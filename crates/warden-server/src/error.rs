@@ -167,7 +167,7 @@ impl IntoResponse for ApiError {
         let body = json!({
             "error": {"code": self.code, "message": self.message, "details": self.details}
         });
-        let mut response = (self.status, crate::body::json_bytes(&body)).into_response();
+        let mut response = (self.status, json_bytes(&body)).into_response();
         let headers = response.headers_mut();
         headers.insert(
             header::CONTENT_TYPE,
@@ -255,7 +255,7 @@ impl From<EngineError> for ApiError {
                 ApiError::invalid("invalid_value", format!("`{field}` {problem}"))
                     .with_details(json!({"field": field}))
             }
-            EngineError::Sop(s) => crate::body::sop_error(&s),
+            EngineError::Sop(s) => sop_error(&s),
             EngineError::Envelope(env) => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 env.reason().kind().to_owned(),
@@ -288,6 +288,20 @@ impl From<EngineError> for ApiError {
             }
         }
     }
+}
+
+/// Serialise a response value (never fails for `Value`).
+pub(crate) fn json_bytes(v: &impl serde::Serialize) -> Vec<u8> {
+    serde_json::to_vec(v).unwrap_or_else(|_| b"{}".to_vec())
+}
+
+/// The response for an SOP that could not be parsed: 422 `invalid_sop`, with
+/// the parser's own code and the field path.
+pub fn sop_error(e: &warden_core::sop::SopError) -> ApiError {
+    ApiError::invalid("invalid_sop", format!("invalid sop: {e}")).with_details(json!({
+        "field": e.field(),
+        "reason": e.code(),
+    }))
 }
 
 /// Shorthand for handler results.

@@ -278,7 +278,7 @@ pub fn document() -> Value {
 /// The document as JSON bytes, built once.
 pub fn document_bytes() -> Vec<u8> {
     static DOC: OnceLock<Vec<u8>> = OnceLock::new();
-    DOC.get_or_init(|| crate::body::json_bytes(&document()))
+    DOC.get_or_init(|| crate::error::json_bytes(&document()))
         .clone()
 }
 

@@ -167,7 +167,7 @@ impl<S: Store> AppState<S> {
             .limits
             .max_json_depth
             .max(sop_depth)
-            .min(crate::body::MAX_SUPPORTED_DEPTH)
+            .min(warden_core::json::MAX_SUPPORTED_DEPTH)
     }
 
     /// The key that signs exported envelopes and names receipts' issuer.

@@ -17,8 +17,8 @@ use warden_store::Store;
 
 use super::PathParams;
 use crate::auth::AgentCaller;
-use crate::body::{JsonBody, sop_error};
-use crate::error::{ApiError, ApiResult};
+use crate::body::JsonBody;
+use crate::error::{ApiError, ApiResult, sop_error};
 use crate::state::AppState;
 use crate::wire::{
     AdmitRunRequest, CompleteStepRequest, DecisionBody, GateBody, GateResponse, OutcomeBody, Reply,

@@ -13,7 +13,7 @@ pub struct Reply<T>(pub StatusCode, pub T);
 
 impl<T: Serialize> IntoResponse for Reply<T> {
     fn into_response(self) -> Response {
-        let bytes = crate::body::json_bytes(&self.1);
+        let bytes = crate::error::json_bytes(&self.1);
         (
             self.0,
             [(
