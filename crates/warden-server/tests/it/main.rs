@@ -13,6 +13,7 @@ mod identity;
 mod lifecycle;
 mod lockdown;
 mod quotas;
+mod round_trips;
 mod routes;
 mod scenario;
 mod support;
