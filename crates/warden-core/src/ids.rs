@@ -164,6 +164,15 @@ identifier!(
     RunId
 );
 identifier!(
+    /// The id of a tool-call session (a client-suppliable idempotency key).
+    SessionId
+);
+identifier!(
+    /// The id of one call inside a session (a client-suppliable idempotency
+    /// key).
+    CallId
+);
+identifier!(
     /// A data label (`pii`, `financial`, ...), a restriction name or a tag.
     Label
 );

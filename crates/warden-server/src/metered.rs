@@ -13,10 +13,10 @@ use warden_core::ids::{ActionName, AgentId, RunId, StepId};
 use warden_core::memory::Put;
 use warden_core::time::Timestamp;
 use warden_store::{
-    AuditFn, CreateRun, Delete, DeleteOutcome, EscalationRecord, EscalationResolution,
-    EscalationTarget, PutEnvelope, PutEscalation, PutOutcome, RecordStep, ResolveEscalation,
-    RunRecord, RunsInFlight, StepOutcome, StorageQuota, Store, StoreError, StoredAgent,
-    TokenRecord,
+    AuditFn, CreateRun, CreateSession, Delete, DeleteOutcome, EnvelopeImport, EscalationRecord,
+    EscalationResolution, EscalationTarget, PutEnvelope, PutEscalation, PutOutcome, RecordStep,
+    ResolveEscalation, RunRecord, RunsInFlight, SessionState, SessionUpdate, StepOutcome,
+    StorageQuota, Store, StoreError, StoredAgent, TokenRecord, UpdateSession,
 };
 
 use crate::metrics::Metrics;
@@ -63,7 +63,7 @@ impl<S: Store> Store for Metered<S> {
     // Reads append nothing: forwarded as they are.
     warden_store::forward_store!(field inner;
         load_agents, find_token, get_records, owner_usage, audit_page, audit_head, get_run,
-        get_envelope, get_escalation, list_escalations);
+        get_envelope, get_escalation, list_escalations, get_session, list_sessions);
 
     async fn insert_agent(
         &self,
@@ -181,6 +181,29 @@ impl<S: Store> Store for Metered<S> {
     ) -> Result<PutEnvelope, StoreError> {
         self.inner
             .put_envelope(record, expected_version, self.counted(audit))
+            .await
+    }
+
+    async fn create_session(
+        &self,
+        state: SessionState,
+        envelope: Option<EnvelopeRecord>,
+        import: Option<EnvelopeImport>,
+        audit: AuditFn<CreateSession>,
+    ) -> Result<CreateSession, StoreError> {
+        self.inner
+            .create_session(state, envelope, import, self.counted(audit))
+            .await
+    }
+
+    async fn update_session(
+        &self,
+        update: SessionUpdate,
+        expected_revision: u64,
+        audit: AuditFn<UpdateSession>,
+    ) -> Result<UpdateSession, StoreError> {
+        self.inner
+            .update_session(update, expected_revision, self.counted(audit))
             .await
     }
 

@@ -585,4 +585,46 @@ impl Store for SqliteStore {
         })
         .await
     }
+
+    async fn create_session(
+        &self,
+        _state: warden_store::SessionState,
+        _envelope: Option<warden_core::envelope::EnvelopeRecord>,
+        _import: Option<warden_store::EnvelopeImport>,
+        _audit: warden_store::AuditFn<warden_store::CreateSession>,
+    ) -> Result<warden_store::CreateSession, StoreError> {
+        Err(StoreError::backend(
+            "sessions: not yet stored by this backend",
+        ))
+    }
+
+    async fn get_session(
+        &self,
+        _session_id: warden_core::ids::SessionId,
+    ) -> Result<Option<warden_store::SessionState>, StoreError> {
+        Err(StoreError::backend(
+            "sessions: not yet stored by this backend",
+        ))
+    }
+
+    async fn update_session(
+        &self,
+        _update: warden_store::SessionUpdate,
+        _expected_revision: u64,
+        _audit: warden_store::AuditFn<warden_store::UpdateSession>,
+    ) -> Result<warden_store::UpdateSession, StoreError> {
+        Err(StoreError::backend(
+            "sessions: not yet stored by this backend",
+        ))
+    }
+
+    async fn list_sessions(
+        &self,
+        _agent: Option<warden_core::ids::AgentId>,
+        _limit: usize,
+    ) -> Result<Vec<warden_store::SessionRecord>, StoreError> {
+        Err(StoreError::backend(
+            "sessions: not yet stored by this backend",
+        ))
+    }
 }

@@ -23,6 +23,8 @@ pub enum Entity {
     Envelope,
     /// An escalation.
     Escalation,
+    /// A tool-call session.
+    Session,
     /// The database itself (a file, a schema).
     Database,
 }
@@ -38,6 +40,7 @@ impl Entity {
             Entity::Step => "step",
             Entity::Envelope => "envelope",
             Entity::Escalation => "escalation",
+            Entity::Session => "session",
             Entity::Database => "database",
         }
     }

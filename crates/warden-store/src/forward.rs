@@ -58,7 +58,11 @@ macro_rules! forward_store {
                 get_escalation,
                 list_escalations,
                 resolve_escalation,
-                consume_escalation);
+                consume_escalation,
+                create_session,
+                get_session,
+                update_session,
+                list_sessions);
         }
     };
     (impl Store for $ty:ty => enum $($variant:ident),+ $(,)?) => {
@@ -87,7 +91,11 @@ macro_rules! forward_store {
                 get_escalation,
                 list_escalations,
                 resolve_escalation,
-                consume_escalation);
+                consume_escalation,
+                create_session,
+                get_session,
+                update_session,
+                list_sessions);
         }
     };
     (field $field:ident $(before $before:block)?; $($method:ident),* $(,)?) => {
@@ -325,6 +333,44 @@ macro_rules! __forward_one {
             audit: $crate::AuditFn<Option<$crate::EscalationRecord>>,
         ) -> Result<Option<$crate::EscalationRecord>, $crate::StoreError> {
             $crate::__forward_call!(self, $how, consume_escalation(target, at, audit))
+        }
+    };
+    (create_session, $how:tt) => {
+        async fn create_session(
+            &self,
+            state: $crate::SessionState,
+            envelope: Option<$crate::__core::envelope::EnvelopeRecord>,
+            import: Option<$crate::EnvelopeImport>,
+            audit: $crate::AuditFn<$crate::CreateSession>,
+        ) -> Result<$crate::CreateSession, $crate::StoreError> {
+            $crate::__forward_call!(self, $how, create_session(state, envelope, import, audit))
+        }
+    };
+    (get_session, $how:tt) => {
+        async fn get_session(
+            &self,
+            session_id: $crate::__core::ids::SessionId,
+        ) -> Result<Option<$crate::SessionState>, $crate::StoreError> {
+            $crate::__forward_call!(self, $how, get_session(session_id))
+        }
+    };
+    (update_session, $how:tt) => {
+        async fn update_session(
+            &self,
+            update: $crate::SessionUpdate,
+            expected_revision: u64,
+            audit: $crate::AuditFn<$crate::UpdateSession>,
+        ) -> Result<$crate::UpdateSession, $crate::StoreError> {
+            $crate::__forward_call!(self, $how, update_session(update, expected_revision, audit))
+        }
+    };
+    (list_sessions, $how:tt) => {
+        async fn list_sessions(
+            &self,
+            agent: Option<$crate::__core::ids::AgentId>,
+            limit: usize,
+        ) -> Result<Vec<$crate::SessionRecord>, $crate::StoreError> {
+            $crate::__forward_call!(self, $how, list_sessions(agent, limit))
         }
     };
 }

@@ -38,6 +38,7 @@ pub mod forward;
 mod memory_store;
 mod quota;
 mod records;
+mod sessions;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -50,7 +51,7 @@ use warden_core::audit::{AuditDraft, AuditEntry, ChainHead, Digest};
 use warden_core::decision::Subject;
 use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::hierarchy::AgentStatus;
-use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
+use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, SessionId, StepId};
 use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 
@@ -59,6 +60,7 @@ pub use error::{BoxError, Entity, StoreError};
 pub use memory_store::MemoryStore;
 pub use quota::{QuotaKind, RunsInFlight, StorageQuota, decide_put, encoded_len, run_finished};
 pub use records::*;
+pub use sessions::*;
 pub use verify::{HeadAnchor, VerifyError, VerifyReport, verify_store};
 /// The core crate, for the types [`forward_store!`] names.
 #[doc(hidden)]
@@ -291,4 +293,48 @@ pub trait Store: Send + Sync + 'static {
         at: Timestamp,
         audit: AuditFn<Option<EscalationRecord>>,
     ) -> impl Future<Output = Result<Option<EscalationRecord>, StoreError>> + Send;
+
+    // ----- sessions -----
+
+    /// Create a session (with no calls) and, in the same transaction, the
+    /// first version of its envelope (`envelope`, whose id is the
+    /// session's `envelope_id`) and the note of an imported envelope
+    /// (`import`, decided by [`decide_import`] against every earlier import
+    /// of the same `(issuer, envelope_id)`). An existing session id is
+    /// [`CreateSession::Existing`] and a refused import
+    /// [`CreateSession::ImportRefused`]: nothing is stored. `audit` gets
+    /// every outcome; its entries commit with it.
+    fn create_session(
+        &self,
+        state: SessionState,
+        envelope: Option<EnvelopeRecord>,
+        import: Option<EnvelopeImport>,
+        audit: AuditFn<CreateSession>,
+    ) -> impl Future<Output = Result<CreateSession, StoreError>> + Send;
+
+    /// A session with its source index and every call, by `seq`.
+    fn get_session(
+        &self,
+        session_id: SessionId,
+    ) -> impl Future<Output = Result<Option<SessionState>, StoreError>> + Send;
+
+    /// Apply one change to a session if its stored revision is
+    /// `expected_revision` (and `update.session.revision` is one more):
+    /// the row, the source index when given, and one call inserted or
+    /// replaced by `call_id`, atomically with the entries `audit` returns.
+    /// Otherwise [`UpdateSession::Conflict`] and nothing changes.
+    fn update_session(
+        &self,
+        update: SessionUpdate,
+        expected_revision: u64,
+        audit: AuditFn<UpdateSession>,
+    ) -> impl Future<Output = Result<UpdateSession, StoreError>> + Send;
+
+    /// Up to `limit` sessions (of `agent`, or every one), oldest first,
+    /// without their index or calls.
+    fn list_sessions(
+        &self,
+        agent: Option<AgentId>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<SessionRecord>, StoreError>> + Send;
 }

@@ -9,15 +9,17 @@ use warden_core::audit::{AuditDraft, AuditEntry, ChainHead, Digest};
 use warden_core::decision::Subject;
 use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::hierarchy::AgentStatus;
-use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
+use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, SessionId, StepId};
 use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 
 use crate::{
-    AuditFn, CreateRun, Delete, DeleteOutcome, Entity, EscalationRecord, EscalationResolution,
-    EscalationStatus, EscalationTarget, PutEnvelope, PutEscalation, PutOutcome, RecordStep,
-    ResolveEscalation, RunRecord, RunState, RunsInFlight, StepOutcome, StorageQuota, Store,
-    StoreError, StoredAgent, TokenRecord, Usage, decide_put, encoded_len, run_finished,
+    AuditFn, CreateRun, CreateSession, Delete, DeleteOutcome, Entity, EnvelopeImport,
+    EscalationRecord, EscalationResolution, EscalationStatus, EscalationTarget, PutEnvelope,
+    PutEscalation, PutOutcome, RecordStep, ResolveEscalation, RunRecord, RunState, RunsInFlight,
+    SessionRecord, SessionState, SessionUpdate, StepOutcome, StorageQuota, Store, StoreError,
+    StoredAgent, TokenRecord, UpdateSession, Usage, decide_import, decide_put, encoded_len,
+    run_finished,
 };
 
 type RecordKey = (AgentId, Namespace, Key);
@@ -34,6 +36,11 @@ struct Inner {
     envelopes: HashMap<EnvelopeId, Vec<EnvelopeRecord>>,
     /// Escalations in creation order.
     escalations: Vec<EscalationRecord>,
+    /// Sessions in creation order, and where each is.
+    sessions: Vec<SessionState>,
+    session_index: HashMap<SessionId, usize>,
+    /// Every envelope import, in order.
+    imports: Vec<EnvelopeImport>,
 }
 
 impl Inner {
@@ -586,6 +593,116 @@ impl Store for MemoryStore {
         let drafts = audit(&outcome);
         g.append(drafts);
         Ok(outcome)
+    }
+
+    async fn create_session(
+        &self,
+        state: SessionState,
+        envelope: Option<EnvelopeRecord>,
+        import: Option<EnvelopeImport>,
+        audit: AuditFn<CreateSession>,
+    ) -> Result<CreateSession, StoreError> {
+        let mut g = self.lock()?;
+        let id = state.session.session_id.clone();
+        if let Some(&i) = g.session_index.get(&id) {
+            let existing = g.sessions.get(i).cloned().ok_or_else(|| {
+                StoreError::corrupt(format!("session index points past the sessions ({id})"))
+            })?;
+            let outcome = CreateSession::Existing(Box::new(existing));
+            let drafts = audit(&outcome);
+            g.append(drafts);
+            return Ok(outcome);
+        }
+        if let Some(e) = &envelope
+            && g.envelopes.contains_key(&e.envelope_id)
+        {
+            return Err(StoreError::duplicate(Entity::Envelope, &e.envelope_id));
+        }
+        if let Some(import) = &import {
+            let earlier: Vec<EnvelopeImport> = g
+                .imports
+                .iter()
+                .filter(|e| e.issuer == import.issuer && e.envelope_id == import.envelope_id)
+                .cloned()
+                .collect();
+            if let Err(refusal) = decide_import(import, &earlier) {
+                let outcome = CreateSession::ImportRefused(refusal);
+                let drafts = audit(&outcome);
+                g.append(drafts);
+                return Ok(outcome);
+            }
+        }
+        if let Some(e) = envelope {
+            g.envelopes.insert(e.envelope_id.clone(), vec![e]);
+        }
+        if let Some(import) = import {
+            g.imports.push(import);
+        }
+        let i = g.sessions.len();
+        g.sessions.push(state);
+        g.session_index.insert(id, i);
+        let outcome = CreateSession::Created;
+        let drafts = audit(&outcome);
+        g.append(drafts);
+        Ok(outcome)
+    }
+
+    async fn get_session(&self, session_id: SessionId) -> Result<Option<SessionState>, StoreError> {
+        let g = self.lock()?;
+        Ok(g.session_index
+            .get(&session_id)
+            .and_then(|&i| g.sessions.get(i))
+            .cloned())
+    }
+
+    async fn update_session(
+        &self,
+        update: SessionUpdate,
+        expected_revision: u64,
+        audit: AuditFn<UpdateSession>,
+    ) -> Result<UpdateSession, StoreError> {
+        let mut g = self.lock()?;
+        let index = g.session_index.get(&update.session.session_id).copied();
+        let current = index
+            .and_then(|i| g.sessions.get(i))
+            .map(|s| s.session.revision);
+        let fits = current == Some(expected_revision)
+            && update.session.revision == expected_revision.saturating_add(1);
+        let outcome = if fits {
+            UpdateSession::Updated
+        } else {
+            UpdateSession::Conflict { current }
+        };
+        if fits && let Some(state) = index.and_then(|i| g.sessions.get_mut(i)) {
+            state.session = update.session;
+            if let Some(sources) = update.sources {
+                state.sources = sources;
+            }
+            if let Some(call) = update.call {
+                match state.calls.iter_mut().find(|c| c.call_id == call.call_id) {
+                    Some(existing) => *existing = call,
+                    None => state.calls.push(call),
+                }
+                state.calls.sort_by_key(|c| c.seq);
+            }
+        }
+        let drafts = audit(&outcome);
+        g.append(drafts);
+        Ok(outcome)
+    }
+
+    async fn list_sessions(
+        &self,
+        agent: Option<AgentId>,
+        limit: usize,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        let g = self.lock()?;
+        Ok(g.sessions
+            .iter()
+            .filter(|s| agent.as_ref().is_none_or(|a| &s.session.agent == a))
+            .take(limit)
+            .map(|s| s.session.clone())
+            .collect())
     }
 }
 

@@ -317,6 +317,13 @@ pub enum EscalationTarget {
         /// The step.
         step_id: StepId,
     },
+    /// One call of one tool-call session.
+    Call {
+        /// The session.
+        session_id: warden_core::ids::SessionId,
+        /// The call.
+        call_id: warden_core::ids::CallId,
+    },
     /// The registration of `child` under `parent` (optionally from a run).
     Delegation {
         /// The delegating agent.

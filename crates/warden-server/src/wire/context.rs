@@ -6,7 +6,7 @@ use serde_json::Value;
 use warden_core::decision::Subject;
 use warden_core::envelope::sign::Receipt;
 use warden_core::envelope::{EnvelopeRecord, Sensitivity};
-use warden_core::ids::{AgentId, Label, RunId, StepId};
+use warden_core::ids::{AgentId, CallId, Label, RunId, SessionId, StepId};
 use warden_store::{EscalationRecord, EscalationStatus, EscalationTarget};
 
 use super::DecisionBody;
@@ -224,6 +224,13 @@ pub enum EscalationTargetBody {
         /// The step.
         step_id: StepId,
     },
+    /// One call of one tool-call session.
+    Call {
+        /// The session.
+        session_id: SessionId,
+        /// The call.
+        call_id: CallId,
+    },
     /// The registration of `child_id` under `parent_id`.
     Delegation {
         /// The delegating agent.
@@ -282,6 +289,13 @@ impl From<EscalationRecord> for EscalationBody {
                 EscalationTarget::Step { run_id, step_id } => {
                     EscalationTargetBody::Step { run_id, step_id }
                 }
+                EscalationTarget::Call {
+                    session_id,
+                    call_id,
+                } => EscalationTargetBody::Call {
+                    session_id,
+                    call_id,
+                },
                 EscalationTarget::Delegation {
                     parent,
                     child,
