@@ -95,8 +95,10 @@ pub enum ImportRefusal {
         /// The session it opened then.
         session_id: SessionId,
     },
-    /// A higher version was imported before, or this version carries fewer
-    /// restrictions or a lower sensitivity than the latest one imported.
+    /// A higher version was imported before, or this version drops a
+    /// restriction the latest one imported carried. (Sensitivity may drop
+    /// between versions: that is how a signed declassification looks from
+    /// outside, as `warden_core::envelope::sign` says.)
     Downgraded {
         /// The latest version imported before.
         seen_version: u64,
@@ -265,10 +267,7 @@ pub fn decide_import(
     let Some(latest) = earlier.iter().max_by_key(|e| e.version) else {
         return Ok(());
     };
-    if latest.version > import.version
-        || !import.restrictions.is_superset(&latest.restrictions)
-        || import.sensitivity < latest.sensitivity
-    {
+    if latest.version > import.version || !import.restrictions.is_superset(&latest.restrictions) {
         return Err(ImportRefusal::Downgraded {
             seen_version: latest.version,
         });
