@@ -282,6 +282,17 @@ impl From<EngineError> for ApiError {
                 kind: ConflictKind::Duplicate,
                 ..
             } => ApiError::new(StatusCode::CONFLICT, "duplicate", "that already exists"),
+            EngineError::Conflict { kind, id } => {
+                let code = match kind {
+                    ConflictKind::SessionId => "session_conflict",
+                    ConflictKind::CallId => "call_conflict",
+                    ConflictKind::CallNotAllowed => "call_not_allowed",
+                    ConflictKind::CallResult => "call_result_conflict",
+                    _ => "session_contention",
+                };
+                let message = EngineError::Conflict { kind, id }.to_string();
+                ApiError::new(StatusCode::CONFLICT, code, message)
+            }
             EngineError::Unavailable(cause) => ApiError::unavailable(&cause),
             other @ (EngineError::MissingHandlers(_) | EngineError::Internal(_)) => {
                 ApiError::internal(&other)

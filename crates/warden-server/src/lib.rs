@@ -60,7 +60,7 @@ pub use error::ApiError;
 pub use metered::Metered;
 pub use routes::{API, Access, ErrorDoc, Payload, ROUTES, Route, RouteDoc, WireType, router};
 pub use signing::{EnvelopeKeyConfig, EnvelopeKeySource, EnvelopeSigner};
-pub use state::{AppState, Limits, ServerConfig};
+pub use state::{AppState, Limits, PROVENANCE_SECRET_ENV, ServerConfig};
 
 /// Serve the API on `listener` until `shutdown` completes; then stop
 /// accepting connections and finish the requests in flight before

@@ -80,6 +80,13 @@ impl Default for ServerConfig {
     }
 }
 
+/// The environment variable holding the deployment's provenance secret
+/// (16 to 64 bytes): the key of every session's fingerprints is derived
+/// from it. Servers sharing a database set the same one; without it a
+/// built-in default is used (fingerprints are then only as secret as the
+/// values they hash).
+pub const PROVENANCE_SECRET_ENV: &str = "WARDEN_PROVENANCE_SECRET";
+
 pub(crate) struct Shared<S> {
     pub(crate) engine: Engine<Metered<S>>,
     pub(crate) metrics: Arc<Metrics>,
@@ -126,6 +133,11 @@ impl<S: Store> AppState<S> {
         let store = Metered::new(store, Arc::clone(&metrics));
         let engine = Engine::open(policy, store, Arc::clone(&clock)).await?;
         engine.set_run_ttl(config.run_ttl);
+        if let Ok(secret) = std::env::var(PROVENANCE_SECRET_ENV) {
+            engine
+                .set_provenance_secret(secret.as_bytes())
+                .map_err(|e| EngineError::input(PROVENANCE_SECRET_ENV, e))?;
+        }
         Ok(Self {
             shared: Arc::new(Shared {
                 engine,

@@ -68,6 +68,10 @@ pub struct DelegationOptions {
     /// Inherit the envelope of this run (a run of the parent).
     #[serde(default)]
     pub from_run: Option<RunId>,
+    /// Inherit the envelope of this tool-call session (a session of the
+    /// parent): what the session accumulated binds the child.
+    #[serde(default)]
+    pub from_session: Option<warden_core::ids::SessionId>,
     /// Where the child runs; `None` is internal (inside this deployment).
     #[serde(default)]
     pub zone: Option<TrustZone>,

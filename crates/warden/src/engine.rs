@@ -62,6 +62,10 @@ pub mod ops {
     pub const TOKEN_REVOKE: &str = "token.revoke";
     /// An agent's view read.
     pub const AGENT_READ: &str = "agent.read";
+    pub const SESSION_OPEN: &str = "session.open";
+    pub const SESSION_CALL: &str = "session.call";
+    pub const SESSION_RESULT: &str = "session.result";
+    pub const SESSION_CANCEL: &str = "session.cancel";
     /// A run's envelope read.
     pub const CONTEXT_READ: &str = "context.read";
 }
@@ -174,6 +178,8 @@ pub(crate) struct Inner<S> {
     pub(crate) tickets: crate::tickets::Tickets,
     /// How long tickets and unfinished runs count, in milliseconds.
     pub(crate) run_ttl_ms: std::sync::atomic::AtomicI64,
+    pub(crate) provenance_secret: RwLock<Vec<u8>>,
+    pub(crate) session_indexes: crate::sessions::IndexCache,
     /// `requests_per_second` token buckets (per engine, in memory).
     pub(crate) buckets: crate::access::RequestBuckets,
 }
@@ -230,6 +236,8 @@ impl<S: Store> Engine<S> {
                 }),
                 registry: tokio::sync::Mutex::new(()),
                 tickets: crate::tickets::Tickets::default(),
+                provenance_secret: RwLock::new(Vec::new()),
+                session_indexes: crate::sessions::IndexCache::default(),
                 run_ttl_ms: std::sync::atomic::AtomicI64::new(
                     i64::try_from(crate::tickets::DEFAULT_RUN_TTL.as_millis()).unwrap_or(i64::MAX),
                 ),

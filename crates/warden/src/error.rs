@@ -38,6 +38,10 @@ pub enum Missing {
     Escalation,
     /// A token.
     Token,
+    /// A tool-call session (or one the caller may not see).
+    Session,
+    /// A call of a session.
+    Call,
 }
 
 impl Missing {
@@ -51,6 +55,8 @@ impl Missing {
             Missing::RunEnvelope => "run envelope",
             Missing::Escalation => "escalation",
             Missing::Token => "token",
+            Missing::Session => "session",
+            Missing::Call => "call",
         }
     }
 }
@@ -70,6 +76,17 @@ pub enum ConflictKind {
     EnvelopeContention,
     /// A unique key that already exists.
     Duplicate,
+    /// A session id reused with other content, or for another agent.
+    SessionId,
+    /// A call id reused with another action or other arguments.
+    CallId,
+    /// A result reported for a call that was not allowed (or is still
+    /// waiting for review).
+    CallNotAllowed,
+    /// A second, different result for a call.
+    CallResult,
+    /// A session kept changing under concurrent calls; retry.
+    SessionContention,
 }
 
 /// What is wrong with an input field.
@@ -157,6 +174,17 @@ fn conflict_message(kind: ConflictKind, id: &str) -> String {
             format!("envelope `{id}` kept changing concurrently; retry")
         }
         ConflictKind::Duplicate => format!("`{id}` already exists"),
+        ConflictKind::SessionId => {
+            format!("session `{id}` already exists with other content")
+        }
+        ConflictKind::CallId => {
+            format!("call `{id}` was already decided with another action or other arguments")
+        }
+        ConflictKind::CallNotAllowed => format!("call `{id}` was not allowed: nothing to record"),
+        ConflictKind::CallResult => format!("call `{id}` already has a different result"),
+        ConflictKind::SessionContention => {
+            format!("session `{id}` kept changing concurrently; retry")
+        }
     }
 }
 

@@ -45,6 +45,7 @@ mod engine;
 mod error;
 mod execute;
 mod memory;
+pub mod sessions;
 mod steps;
 mod tickets;
 mod tokens;
@@ -68,6 +69,10 @@ pub use execute::{
 pub use memory::{
     DeleteResult, ReadOutcome, ReadStatus, ResolvedValue, WriteOutcome, WriteRequest, WriteStatus,
     quota_reason,
+};
+pub use sessions::{
+    CallAnswer, CallResult, IndexSummary, OpenSession, ProposedCall, SessionOpening, SessionRefusal,
+    SessionView, session_reasons,
 };
 pub use steps::{Completion, StepGate, StepRefusal, StepResult};
 pub use tokens::{

@@ -207,6 +207,7 @@ pub(crate) async fn delegate<S: Store>(
     let parent = req.parent_id.unwrap_or(me);
     let options = DelegationOptions {
         from_run: req.from_run,
+        from_session: req.from_session,
         zone: req.zone.map(Into::into),
         restrictions: req.restrictions,
         redact_labels: req.redact_labels,

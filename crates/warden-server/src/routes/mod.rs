@@ -14,6 +14,7 @@ pub(crate) mod context;
 pub(crate) mod memory;
 pub(crate) mod meta;
 pub(crate) mod runs;
+pub(crate) mod sessions;
 
 use axum::Router;
 use axum::extract::{FromRequestParts, RawPathParams};
@@ -502,6 +503,67 @@ routes! {
         id: "envelopeKey",
         summary: "The issuer id and Ed25519 public key that verify exported envelopes",
         response: Payload::Json(wire!(EnvelopeKeyResponse)),
+    }
+    POST "/v1/sessions" => sessions::open::<S>, {
+        id: "openSession",
+        access: Access::OperatorOrAgent,
+        callers: "the agent, an ancestor or the operator (for `agent_id`)",
+        summary: "Open a tool-call session with trusted inputs, an optional plan or imported envelope",
+        request: Some(wire!(OpenSessionRequest)),
+        success: &[201, 200],
+        response: Payload::Json(wire!(SessionBody)),
+        outcome: "201 opened, 200 the same request found the session it opened",
+        errors: &[
+            fail(403, "session_refused").note("`details.reason`: `not_session_agent`, `agent_revoked`, `plan_rejected` (with `details.reasons`), `envelope_forged`, `envelope_replayed`, `envelope_downgraded`...; recorded, nothing created"),
+            fail(409, "session_conflict").note("the session id exists with other content"),
+            fail(422, "invalid_sop").note("the plan does not parse"),
+        ],
+    }
+    GET "/v1/sessions/{id}" => sessions::get::<S>, {
+        id: "getSession",
+        access: Access::OperatorOrAgent,
+        callers: "the agent, an ancestor, the operator",
+        summary: "A session: envelope, plan, index size and every call with its provenance",
+        response: Payload::Json(wire!(SessionBody)),
+        errors: &[fail(404, "not_found").note("missing or not visible: same answer")],
+    }
+    POST "/v1/sessions/{id}/calls" => sessions::call::<S>, {
+        id: "sessionCall",
+        access: Access::Agent,
+        callers: "the session's agent",
+        summary: "Decide one tool call before it runs (200 whatever the verdict)",
+        request: Some(wire!(SessionCallRequest)),
+        response: Payload::Json(wire!(CallResponse)),
+        outcome: "the verdict, reasons and the provenance of every guarded argument; recorded with the call",
+        errors: &[
+            fail(404, "not_found"),
+            fail(409, "call_conflict").note("the call id was decided with another action or arguments"),
+            fail(409, "session_contention"),
+        ],
+    }
+    POST "/v1/sessions/{id}/calls/{call}/result" => sessions::result::<S>, {
+        id: "recordCallResult",
+        access: Access::Agent,
+        callers: "the session's agent",
+        summary: "Record what an allowed call's tool returned",
+        request: Some(wire!(CallResultRequest)),
+        response: Payload::Json(wire!(CallResponse)),
+        errors: &[
+            fail(404, "not_found"),
+            fail(409, "call_not_allowed").note("denied or escalated: nothing ran"),
+            fail(409, "call_result_conflict").note("a different result was recorded"),
+            fail(409, "session_contention"),
+            fail(422, "invalid_value").note("an unknown label, an oversized result"),
+        ],
+    }
+    POST "/v1/sessions/{id}/cancel" => sessions::cancel::<S>, {
+        id: "cancelSession",
+        access: Access::OperatorOrAgent,
+        callers: "the agent, an ancestor, the operator",
+        summary: "Cancel a session: later calls denied, pending escalations withdrawn",
+        request: Some(wire!(CancelSessionRequest)),
+        response: Payload::Json(wire!(SessionBody)),
+        errors: &[fail(404, "not_found")],
     }
     GET "/v1/escalations" => context::list_escalations::<S>, {
         id: "listEscalations",

@@ -54,6 +54,10 @@ pub struct DelegateRequest {
     /// inherits the caller's own inherited envelope, if it holds one.
     #[serde(default)]
     pub from_run: Option<RunId>,
+    /// Inherit the context envelope of this tool-call session (one of the
+    /// caller's own sessions; another agent's answers 404).
+    #[serde(default)]
+    pub from_session: Option<warden_core::ids::SessionId>,
     /// Restrictions the child gets on top of the inherited ones (names from
     /// the bundle's `context.restrictions`, or built-in ones).
     #[serde(default)]

@@ -12,6 +12,7 @@ mod common;
 mod context;
 mod memory;
 mod runs;
+mod sessions;
 
 pub use agents::*;
 pub use audit::*;
@@ -19,3 +20,4 @@ pub use common::*;
 pub use context::*;
 pub use memory::*;
 pub use runs::*;
+pub use sessions::*;

@@ -16,4 +16,5 @@ mod quotas;
 mod round_trips;
 mod routes;
 mod scenario;
+mod sessions;
 mod support;

@@ -47,12 +47,29 @@ impl<S: Store> Engine<S> {
         };
         let resource = req.id.to_string();
         // The source run must be the delegator's own.
-        let run_envelope = match &options.from_run {
-            None => None,
-            Some(run_id) => match self.inner.store.get_run(run_id.clone()).await? {
+        let run_envelope = match (&options.from_run, &options.from_session) {
+            (None, None) => None,
+            (Some(_), Some(_)) => {
+                return Err(EngineError::input(
+                    "from_session",
+                    "a child inherits from one run or one session, not both",
+                ));
+            }
+            (Some(run_id), None) => match self.inner.store.get_run(run_id.clone()).await? {
                 Some(state) if state.run.agent == parent => state.run.envelope_id,
                 _ => return Err(EngineError::not_found(Missing::Run, run_id.to_string())),
             },
+            (None, Some(session_id)) => {
+                match self.inner.store.get_session(session_id.clone()).await? {
+                    Some(state) if state.session.agent == parent => state.session.envelope_id,
+                    _ => {
+                        return Err(EngineError::not_found(
+                            Missing::Session,
+                            session_id.to_string(),
+                        ));
+                    }
+                }
+            }
         };
         let Some(policy) = self.context_policy() else {
             return Ok(Ok(None));
@@ -131,6 +148,7 @@ impl<S: Store> Engine<S> {
         if let Value::Object(d) = &mut details {
             d.insert("zone".into(), json!(zone));
             d.insert("from_run".into(), json!(options.from_run));
+            d.insert("from_session".into(), json!(options.from_session));
         }
         let mut obligations = cd.obligations.to_vec();
         let mut verdict = cd.verdict;

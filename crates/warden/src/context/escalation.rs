@@ -23,7 +23,7 @@ impl<S: Store> Engine<S> {
 
     /// Use the approval of `target`, recording `decision` (the request
     /// proceeding) if there was one. Whether there was.
-    pub(super) async fn consume_approval(
+    pub(crate) async fn consume_approval(
         &self,
         target: EscalationTarget,
         decision: &Decision,
@@ -286,6 +286,21 @@ impl<S: Store> Engine<S> {
                     && let EscalationTarget::Step { run_id, step_id } = &e.target
                 {
                     self.deny_rejected_step(&e, run_id, step_id, now).await?;
+                }
+                if e.status == EscalationStatus::Rejected
+                    && let EscalationTarget::Call {
+                        session_id,
+                        call_id,
+                    } = &e.target
+                {
+                    self.deny_rejected_call(
+                        &e.requested_by,
+                        session_id,
+                        call_id,
+                        &e.escalation_id,
+                        now,
+                    )
+                    .await?;
                 }
                 Ok(ReviewOutcome {
                     decision: allow,

@@ -170,7 +170,7 @@ pub(super) fn identifier_error(field: &str, e: warden_core::ids::IdentifierError
     EngineError::input(field, e)
 }
 
-pub(super) fn new_envelope_id() -> Result<EnvelopeId, EngineError> {
+pub(crate) fn new_envelope_id() -> Result<EnvelopeId, EngineError> {
     EnvelopeId::parse(&random_id("env")?).map_err(|e| identifier_error("envelope_id", e))
 }
 
@@ -225,7 +225,7 @@ impl<S: Store> Engine<S> {
 
     /// The catalogue description of an action (unknown actions have no
     /// tags; they are never admitted anyway).
-    pub(super) fn action_ref<'a>(&'a self, name: &'a str) -> ActionRef<'a> {
+    pub(crate) fn action_ref<'a>(&'a self, name: &'a str) -> ActionRef<'a> {
         ActionRef {
             name,
             tags: self
@@ -236,7 +236,7 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    pub(super) fn output_labels(&self, action: &str) -> &[Label] {
+    pub(crate) fn output_labels(&self, action: &str) -> &[Label] {
         self.policy()
             .catalogue
             .by_name(action)
@@ -282,7 +282,7 @@ impl<S: Store> Engine<S> {
     }
 
     /// The latest version of `envelope_id`, restored under the policy.
-    pub(super) async fn load_envelope(
+    pub(crate) async fn load_envelope(
         &self,
         policy: &ContextPolicy,
         envelope_id: &EnvelopeId,
@@ -329,7 +329,7 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    pub(super) fn transition_draft(
+    pub(crate) fn transition_draft(
         &self,
         subject: &Caller,
         operation: &str,

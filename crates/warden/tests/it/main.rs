@@ -14,4 +14,5 @@ mod lockdown;
 mod nodes;
 mod properties;
 mod quotas;
+mod sessions;
 mod support;

@@ -1,0 +1,354 @@
+//! Tool-call sessions: one agent's calls decided one at a time, each
+//! argument value checked for where it came from.
+//!
+//! A session is opened with the user's request (and any values the runtime
+//! vouches for) as *trusted inputs*, optionally a *plan* admitted whole
+//! before anything untrusted is read, and optionally *from an envelope*
+//! signed by an issuer the bundle trusts. Every call is decided before it
+//! runs ([`Engine::session_call`]): the caller's capability, the
+//! catalogue's argument schema and rules, the planned step it uses, the
+//! provenance of every argument value the action's rules guard (against the
+//! session's [`SourceIndex`]), and the session's context envelope. The
+//! answer is recorded with the call; a denied or escalated call ends that
+//! call, never the session. What the tool returned is recorded with
+//! [`Engine::record_call_result`]: its fields join the index (as keyed
+//! fingerprints, never the text) with the trust the catalogue declares, and
+//! its labels fold into the envelope, so the next call is decided with
+//! them.
+//!
+//! Everything is in the store: the session row (compare-and-set on its
+//! revision), its index, its calls, its envelope. A restart or a second
+//! server restores the same index with the same key (derived from the
+//! deployment's provenance secret and the session id), so a value's origin
+//! is never forgotten and taint never laundered.
+
+mod gate;
+mod open;
+mod result;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+use serde_json::Value;
+use warden_core::audit::Digest;
+use warden_core::canonical::to_canonical;
+use warden_core::decision::{Decision, Reason};
+use warden_core::envelope::EnvelopeRecord;
+use warden_core::ids::{CallId, SessionId};
+use warden_core::provenance::{FingerprintKey, IndexLimits, SourceIndex};
+use warden_store::{CallRecord, SessionState, Store};
+
+use crate::engine::{Caller, Engine};
+use crate::error::{EngineError, Missing};
+
+pub use gate::ProposedCall;
+pub use open::{OpenSession, SessionOpening, SessionRefusal};
+pub use result::CallResult;
+
+/// The provenance secret used when a deployment sets none. Fingerprints
+/// are then only as secret as the values they hash; set one
+/// ([`Engine::set_provenance_secret`]) so that a copy of the database
+/// alone does not tell which values a session saw.
+const DEFAULT_PROVENANCE_SECRET: &[u8] = b"warden.provenance.default-secret.v1";
+
+/// Most trusted inputs one session may be opened with.
+pub const MAX_TRUSTED_INPUTS: usize = 64;
+
+/// Most bytes of the canonical JSON of one call's arguments.
+pub const MAX_ARGUMENT_BYTES: usize = 256 * 1024;
+
+/// Most bytes of the canonical JSON of one recorded result.
+pub const MAX_RESULT_BYTES: usize = 4 * 1024 * 1024;
+
+/// Most calls one session holds; past it, calls are denied
+/// (`session_call_limit`).
+pub const MAX_CALLS: usize = 10_000;
+
+/// How often a compare-and-set on a session is retried before giving up
+/// with [`crate::ConflictKind::SessionContention`].
+const MAX_SESSION_ATTEMPTS: usize = 16;
+
+/// Reason codes of sessions.
+pub mod session_reasons {
+    use warden_core::decision::Reason;
+    /// A session was opened.
+    pub const SESSION_OPENED: Reason = Reason::code("session_opened");
+    /// A session was cancelled, or a call was refused because it was.
+    pub const SESSION_CANCELLED: Reason = Reason::code("session_cancelled");
+    /// The caller may not open, read or cancel that agent's session.
+    pub const NOT_SESSION_AGENT: Reason = Reason::code("not_session_agent");
+    /// A call answered from its record (same call id, same call).
+    pub const CALL_REPLAYED: Reason = Reason::code("call_replayed");
+    /// A call's result was recorded.
+    pub const CALL_RESULT_RECORDED: Reason = Reason::code("call_result_recorded");
+    /// A call's tool reported an error.
+    pub const CALL_FAILED: Reason = Reason::code("call_failed");
+    /// The session holds its most calls.
+    pub const SESSION_CALL_LIMIT: Reason = Reason::code("session_call_limit");
+    /// A call matched no planned step.
+    pub const UNPLANNED_CALL: Reason = Reason::code("unplanned_call");
+    /// A bound value does not occur in the result of the step it is bound
+    /// to.
+    pub const BINDING_NOT_SATISFIED: &str = "binding_not_satisfied";
+    /// The plan was refused at admission.
+    pub const PLAN_REJECTED: Reason = Reason::code("plan_rejected");
+    /// An imported envelope was seen before (same version).
+    pub const ENVELOPE_REPLAYED: Reason = Reason::code("envelope_replayed");
+    /// An imported envelope is older, or has fewer restrictions, than one
+    /// seen before.
+    pub const ENVELOPE_DOWNGRADED: Reason = Reason::code("envelope_downgraded");
+    /// Imported envelopes cannot be used: the policy has no `context:`.
+    pub const ENVELOPE_WITHOUT_CONTEXT: Reason = Reason::code("envelope_without_context");
+    /// A call was allowed.
+    pub const CALL_ALLOWED: Reason = Reason::code("call_allowed");
+}
+
+/// A session as the caller may see it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionView {
+    /// The stored session with its calls.
+    pub state: SessionState,
+    /// Its envelope, latest version.
+    pub envelope: Option<EnvelopeRecord>,
+    /// Index statistics.
+    pub index: IndexSummary,
+}
+
+/// What the session's index holds (sizes, never content).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct IndexSummary {
+    /// Bytes of leaf text recorded.
+    pub recorded_bytes: u64,
+    /// Sources recorded.
+    pub sources: usize,
+    /// Fields recorded.
+    pub fields: usize,
+    /// Whether content past the bounds was recorded as unsearchable.
+    pub unsearchable: bool,
+}
+
+/// The answer to a call: the recorded decision and the call as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallAnswer {
+    /// The decision recorded for this request (for a replay, the replay).
+    pub decision: Decision,
+    /// The call, as stored (its `detail` holds obligations and provenance).
+    pub call: CallRecord,
+    /// Whether the answer came from the call's record.
+    pub replayed: bool,
+}
+
+/// Hash of the canonical JSON of `value`.
+pub(crate) fn digest_of(value: &Value) -> Digest {
+    Digest::of(&to_canonical(value))
+}
+
+impl<S: Store> Engine<S> {
+    /// Set the deployment's provenance secret (16 to 64 bytes): every
+    /// session's fingerprint key is derived from it and the session id.
+    /// Servers sharing a database must share the secret; changing it makes
+    /// existing sessions' indexes unreadable (their calls then fail closed
+    /// with an internal error, never vouch).
+    pub fn set_provenance_secret(&self, secret: &[u8]) -> Result<(), EngineError> {
+        if !(16..=64).contains(&secret.len()) {
+            return Err(EngineError::input(
+                "provenance_secret",
+                format!("must be 16 to 64 bytes, got {}", secret.len()),
+            ));
+        }
+        let mut guard = self
+            .inner
+            .provenance_secret
+            .write()
+            .map_err(|_| EngineError::internal("provenance secret lock poisoned"))?;
+        *guard = secret.to_vec();
+        Ok(())
+    }
+
+    /// The fingerprint key of a session.
+    pub(crate) fn session_key(&self, session_id: &SessionId) -> Result<FingerprintKey, EngineError> {
+        let secret = self
+            .inner
+            .provenance_secret
+            .read()
+            .map_err(|_| EngineError::internal("provenance secret lock poisoned"))?;
+        let secret: &[u8] = if secret.is_empty() {
+            DEFAULT_PROVENANCE_SECRET
+        } else {
+            &secret
+        };
+        let mut material = Vec::with_capacity(secret.len() + 64);
+        material.extend_from_slice(b"warden.provenance.session.v1\0");
+        material.extend_from_slice(&(secret.len() as u64).to_be_bytes());
+        material.extend_from_slice(secret);
+        material.extend_from_slice(session_id.as_str().as_bytes());
+        let derived = Digest::of(&material);
+        FingerprintKey::new(&derived.0)
+            .map_err(|e| EngineError::internal(format!("fingerprint key: {e}")))
+    }
+
+    /// The bounds of a session's index.
+    pub(crate) fn index_limits(&self) -> IndexLimits {
+        self.policy().sessions().index_limits()
+    }
+
+    /// A session's index at the revision `state` holds: decoded from its
+    /// stored bytes, or taken from this process's cache when the cache
+    /// holds the same session at the same revision (a revision is never
+    /// reused, so a cached index is exactly what the bytes decode to).
+    pub(crate) fn restore_index(
+        &self,
+        state: &SessionState,
+    ) -> Result<Arc<SourceIndex>, EngineError> {
+        let id = &state.session.session_id;
+        let revision = state.session.revision;
+        if let Some(hit) = self.inner.session_indexes.get(id, revision) {
+            return Ok(hit);
+        }
+        let key = self.session_key(id)?;
+        let index = SourceIndex::from_bytes(&state.sources, key).map_err(|e| {
+            EngineError::internal(format!("session `{id}`: stored index unreadable: {e}"))
+        })?;
+        let index = Arc::new(index);
+        self.inner
+            .session_indexes
+            .put(id.clone(), revision, Arc::clone(&index));
+        Ok(index)
+    }
+
+    /// Load a session the caller may see: its agent, an active ancestor of
+    /// it, or the operator (`include_ancestors: false`: the agent only).
+    pub(crate) async fn session_for(
+        &self,
+        caller: &Caller,
+        session_id: &SessionId,
+        include_ancestors: bool,
+    ) -> Result<SessionState, EngineError> {
+        let Some(state) = self.inner.store.get_session(session_id.clone()).await? else {
+            return Err(EngineError::not_found(Missing::Session, session_id));
+        };
+        let agent = &state.session.agent;
+        let visible = match caller {
+            Caller::Agent(a) if a == agent => true,
+            Caller::Agent(_) if include_ancestors => self.may_manage(caller, agent, false)?,
+            Caller::Agent(_) => false,
+            Caller::Operator => include_ancestors,
+        };
+        if !visible {
+            return Err(EngineError::not_found(Missing::Session, session_id));
+        }
+        Ok(state)
+    }
+
+    /// A session as `caller` may see it (the agent, an ancestor, the
+    /// operator).
+    pub async fn session(
+        &self,
+        caller: &Caller,
+        session_id: &SessionId,
+    ) -> Result<SessionView, EngineError> {
+        let state = self.session_for(caller, session_id, true).await?;
+        self.view_of(state).await
+    }
+
+    /// A session's decoded source index (keyed fingerprints, never text),
+    /// for whoever may see the session.
+    pub async fn session_sources(
+        &self,
+        caller: &Caller,
+        session_id: &SessionId,
+    ) -> Result<Arc<SourceIndex>, EngineError> {
+        let state = self.session_for(caller, session_id, true).await?;
+        self.restore_index(&state)
+    }
+
+    /// Sessions of `agent` (or all, for the operator), oldest first, that
+    /// `caller` may see.
+    pub async fn list_sessions(
+        &self,
+        caller: &Caller,
+        agent: Option<&warden_core::ids::AgentId>,
+        limit: usize,
+    ) -> Result<Vec<warden_store::SessionRecord>, EngineError> {
+        let agent = match (caller, agent) {
+            (Caller::Agent(a), None) => Some(a.clone()),
+            (_, a) => a.cloned(),
+        };
+        if let Some(a) = &agent
+            && !self.may_manage(caller, a, true)?
+        {
+            return Err(EngineError::not_found(Missing::Agent, a));
+        }
+        Ok(self.inner.store.list_sessions(agent, limit).await?)
+    }
+
+    pub(crate) async fn view_of(&self, state: SessionState) -> Result<SessionView, EngineError> {
+        let envelope = match &state.session.envelope_id {
+            Some(id) => self.inner.store.get_envelope(id.clone(), None).await?,
+            None => None,
+        };
+        let index = self.restore_index(&state)?;
+        Ok(SessionView {
+            index: IndexSummary {
+                recorded_bytes: index.recorded_bytes(),
+                sources: index.source_count(),
+                fields: index.field_count(),
+                unsearchable: index.has_unsearchable(),
+            },
+            state,
+            envelope,
+        })
+    }
+
+    /// A fresh call id.
+    pub(crate) fn new_call_id() -> Result<CallId, EngineError> {
+        let id = crate::engine::random_id("call")?;
+        CallId::parse(&id).map_err(|e| EngineError::input("call_id", e))
+    }
+
+    /// The detail stored with a call (obligations, reasons, provenance).
+    pub(crate) fn reason_list(reasons: &[Reason]) -> Vec<String> {
+        reasons.iter().map(|r| r.to_string()).collect()
+    }
+}
+
+/// Decoded session indexes by session and revision, in this process: a
+/// call reuses the index its session's last change left instead of
+/// decoding the stored bytes again. Bounded; evicts an arbitrary entry
+/// when full (a miss only costs a decode).
+#[derive(Debug, Default)]
+pub(crate) struct IndexCache {
+    entries: Mutex<HashMap<SessionId, (u64, Arc<SourceIndex>)>>,
+}
+
+/// Most sessions whose index one process keeps decoded.
+const INDEX_CACHE_SESSIONS: usize = 1024;
+
+impl IndexCache {
+    fn get(&self, id: &SessionId, revision: u64) -> Option<Arc<SourceIndex>> {
+        let entries = self.entries.lock().ok()?;
+        match entries.get(id) {
+            Some((r, index)) if *r == revision => Some(Arc::clone(index)),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn put(&self, id: SessionId, revision: u64, index: Arc<SourceIndex>) {
+        let Ok(mut entries) = self.entries.lock() else {
+            return;
+        };
+        if entries.len() >= INDEX_CACHE_SESSIONS
+            && !entries.contains_key(&id)
+            && let Some(victim) = entries.keys().next().cloned()
+        {
+            entries.remove(&victim);
+        }
+        match entries.get(&id) {
+            Some((r, _)) if *r > revision => {}
+            _ => {
+                entries.insert(id, (revision, index));
+            }
+        }
+    }
+}

@@ -1,0 +1,427 @@
+//! Recording what a call's tool returned, and cancelling a session.
+
+use serde_json::{Value, json};
+use warden_core::decision::{Subject, Verdict};
+use warden_core::envelope::{ContextGate as CoreGate, EnvelopeError};
+use warden_core::ids::{CallId, Label, SessionId};
+use std::sync::Arc;
+
+use warden_core::provenance::{OutputTrust, SourceId, SourceIndex};
+use warden_store::{
+    CallStatus, EscalationResolution, EscalationStatus, EscalationTarget, PutEnvelope,
+    ResolveEscalation, SessionClosure, SessionStatus, SessionUpdate, Store, UpdateSession,
+};
+
+use super::session_reasons as sr;
+use super::{CallAnswer, MAX_RESULT_BYTES, MAX_SESSION_ATTEMPTS, SessionView, digest_of};
+use crate::context::check_text;
+use crate::engine::{Caller, Engine, ops};
+use crate::error::{ConflictKind, EngineError, Missing};
+
+/// What a tool returned for an allowed call.
+#[derive(Debug, Clone, Default)]
+pub struct CallResult {
+    /// The result (any JSON; structured results keep per-field trust).
+    pub result: Value,
+    /// The tool's error, if it failed (recorded as untrusted text).
+    pub error: Option<String>,
+    /// Labels the runtime reports for the result (folded into the
+    /// envelope with the action's declared output labels).
+    pub labels: Vec<Label>,
+}
+
+impl<S: Store> Engine<S> {
+    /// Record the result of an allowed call: its fields join the session's
+    /// index with the action's output trust (an action the catalogue does
+    /// not declare is untrusted), its labels fold into the envelope. A
+    /// second report of the same result answers the same; a different one,
+    /// or one for a call that was not allowed, is a conflict and changes
+    /// nothing. An unknown label is an input error and changes nothing.
+    pub async fn record_call_result(
+        &self,
+        caller: &Caller,
+        session_id: &SessionId,
+        call_id: &CallId,
+        report: CallResult,
+    ) -> Result<CallAnswer, EngineError> {
+        let size = warden_core::canonical::to_canonical(&report.result).len();
+        if size > MAX_RESULT_BYTES {
+            return Err(EngineError::input(
+                "result",
+                format!("{size} bytes is over the limit of {MAX_RESULT_BYTES}"),
+            ));
+        }
+        if let Some(e) = &report.error
+            && e.len() > MAX_RESULT_BYTES
+        {
+            return Err(EngineError::input("error", "too long"));
+        }
+        let hash = digest_of(&json!({
+            "result": report.result, "error": report.error, "labels": report.labels,
+        }));
+        let resource = format!("{session_id}:{call_id}");
+        // Unknown labels change nothing: the fold refuses them before
+        // anything is written.
+        for _ in 0..MAX_SESSION_ATTEMPTS {
+            let now = self.now();
+            let state = self.session_for(caller, session_id, false).await?;
+            let Some(call) = state.call(call_id).cloned() else {
+                return Err(EngineError::not_found(Missing::Call, resource));
+            };
+            match call.status {
+                CallStatus::Completed | CallStatus::Failed => {
+                    if call.result_hash != Some(hash) {
+                        return Err(EngineError::Conflict {
+                            kind: ConflictKind::CallResult,
+                            id: call_id.to_string(),
+                        });
+                    }
+                    let d = self.decision(
+                        caller,
+                        Verdict::Allow,
+                        sr::CALL_REPLAYED,
+                        ops::SESSION_RESULT,
+                        resource.clone(),
+                        now,
+                    );
+                    self.record(&d).await?;
+                    return Ok(CallAnswer {
+                        decision: d,
+                        call,
+                        replayed: true,
+                    });
+                }
+                CallStatus::Denied | CallStatus::Escalated => {
+                    return Err(EngineError::Conflict {
+                        kind: ConflictKind::CallNotAllowed,
+                        id: call_id.to_string(),
+                    });
+                }
+                CallStatus::Allowed => {}
+            }
+            // The envelope first: folding only adds, so a failure after it
+            // leaves the session more restricted, never less.
+            let labels = self
+                .fold_call_labels(caller, &state.session, &call, &report.labels, now)
+                .await?;
+            let mut index = SourceIndex::clone(&self.restore_index(&state)?);
+            let source = SourceId::parse(call_id.as_str())
+                .map_err(|e| EngineError::internal(format!("source id: {e}")))?;
+            let trust = self
+                .policy()
+                .catalogue
+                .by_name(call.action.as_str())
+                .map_or_else(OutputTrust::untrusted, |a| a.provenance().output().clone());
+            let recorded = match &report.error {
+                None => index.record_result(source, call.action.clone(), &trust, &report.result),
+                Some(e) => index.record_result(
+                    source,
+                    call.action.clone(),
+                    &OutputTrust::untrusted(),
+                    &json!({"error": e, "result": report.result}),
+                ),
+            }
+            .map_err(|e| EngineError::input("result", e))?;
+            let failed = report.error.is_some();
+            let mut done = call.clone();
+            done.status = if failed {
+                CallStatus::Failed
+            } else {
+                CallStatus::Completed
+            };
+            done.result_hash = Some(hash);
+            done.result_labels = labels.clone();
+            done.completed_at = Some(now);
+            let d = self.decision(
+                caller,
+                Verdict::Allow,
+                if failed {
+                    sr::CALL_FAILED
+                } else {
+                    sr::CALL_RESULT_RECORDED
+                },
+                ops::SESSION_RESULT,
+                resource.clone(),
+                now,
+            );
+            let draft = self.draft(&d).with_details(json!({
+                "session_id": session_id,
+                "call_id": call_id,
+                "action": call.action,
+                "result_hash": hash.to_hex(),
+                "labels": labels,
+                "fields_indexed": recorded.fields_indexed,
+                "fields_unsearchable": recorded.fields_unsearchable,
+            }));
+            let mut session = state.session.clone();
+            session.revision += 1;
+            let outcome = self
+                .inner
+                .store
+                .update_session(
+                    SessionUpdate {
+                        session,
+                        sources: Some(index.to_bytes()),
+                        call: Some(done.clone()),
+                    },
+                    state.session.revision,
+                    Box::new(move |o| match o {
+                        UpdateSession::Updated => vec![draft],
+                        UpdateSession::Conflict { .. } => Vec::new(),
+                    }),
+                )
+                .await?;
+            if outcome == UpdateSession::Updated {
+                self.inner.session_indexes.put(
+                    session_id.clone(),
+                    state.session.revision + 1,
+                    Arc::new(index),
+                );
+                return Ok(CallAnswer {
+                    decision: d,
+                    call: done,
+                    replayed: false,
+                });
+            }
+        }
+        Err(EngineError::Conflict {
+            kind: ConflictKind::SessionContention,
+            id: session_id.to_string(),
+        })
+    }
+
+    /// Fold a result's labels (reported, declared by the action, and the
+    /// labels the gate's obligations demand) into the session's envelope;
+    /// the labels the outcome carries.
+    async fn fold_call_labels(
+        &self,
+        caller: &Caller,
+        session: &warden_store::SessionRecord,
+        call: &warden_store::CallRecord,
+        reported: &[Label],
+        now: warden_core::time::Timestamp,
+    ) -> Result<Vec<Label>, EngineError> {
+        let (Some(policy), Some(envelope_id)) = (self.context_policy(), &session.envelope_id)
+        else {
+            return Ok(reported.to_vec());
+        };
+        let declared = self.output_labels(call.action.as_str());
+        for _ in 0..MAX_SESSION_ATTEMPTS {
+            let before = self.load_envelope(policy, envelope_id).await?;
+            let gate = CoreGate::decide(&before, policy, self.action_ref(call.action.as_str()));
+            let (after, t) = match before.fold(policy, reported, declared) {
+                Ok(x) => x,
+                Err(EnvelopeError::UnknownLabels { labels }) => {
+                    return Err(EngineError::input(
+                        "labels",
+                        format!("unknown label(s): {labels:?}"),
+                    ));
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let draft = self.transition_draft(
+                caller,
+                ops::CONTEXT_ACCUMULATE,
+                &t,
+                json!({"session_id": session.session_id, "call_id": call.call_id}),
+                now,
+            );
+            let written = self
+                .inner
+                .store
+                .put_envelope(
+                    after.to_record(),
+                    Some(before.version()),
+                    Box::new(move |o| match o {
+                        PutEnvelope::Written => vec![draft],
+                        PutEnvelope::Conflict { .. } => Vec::new(),
+                    }),
+                )
+                .await?;
+            if written == PutEnvelope::Written {
+                return Ok(gate.outcome_labels(reported, declared));
+            }
+        }
+        Err(EngineError::Conflict {
+            kind: ConflictKind::EnvelopeContention,
+            id: envelope_id.to_string(),
+        })
+    }
+
+    /// Cancel a session: later calls are refused, pending escalations of
+    /// its calls are withdrawn (rejected, `session_cancelled`), recorded.
+    /// The agent, an active ancestor or the operator may cancel.
+    /// Cancelling a cancelled session answers it as it is.
+    pub async fn cancel_session(
+        &self,
+        caller: &Caller,
+        session_id: &SessionId,
+        reason: &str,
+    ) -> Result<SessionView, EngineError> {
+        check_text("reason", reason)?;
+        let resource = session_id.to_string();
+        for _ in 0..MAX_SESSION_ATTEMPTS {
+            let now = self.now();
+            let state = self.session_for(caller, session_id, true).await?;
+            if state.session.status == SessionStatus::Cancelled {
+                return self.view_of(state).await;
+            }
+            let mut session = state.session.clone();
+            session.revision += 1;
+            session.status = SessionStatus::Cancelled;
+            session.closure = Some(SessionClosure {
+                by: caller.clone(),
+                at: now,
+                reason: reason.to_owned(),
+            });
+            let d = self.decision(
+                caller,
+                Verdict::Allow,
+                sr::SESSION_CANCELLED,
+                ops::SESSION_CANCEL,
+                resource.clone(),
+                now,
+            );
+            let draft = self
+                .draft(&d)
+                .with_details(json!({"reason": reason, "agent_id": state.session.agent}));
+            let outcome = self
+                .inner
+                .store
+                .update_session(
+                    SessionUpdate {
+                        session,
+                        sources: None,
+                        call: None,
+                    },
+                    state.session.revision,
+                    Box::new(move |o| match o {
+                        UpdateSession::Updated => vec![draft],
+                        UpdateSession::Conflict { .. } => Vec::new(),
+                    }),
+                )
+                .await?;
+            if outcome == UpdateSession::Updated {
+                self.withdraw_escalations(caller, session_id, now).await?;
+                let state = self.session_for(caller, session_id, true).await?;
+                return self.view_of(state).await;
+            }
+        }
+        Err(EngineError::Conflict {
+            kind: ConflictKind::SessionContention,
+            id: session_id.to_string(),
+        })
+    }
+
+    /// Reject every pending escalation of a cancelled session's calls.
+    async fn withdraw_escalations(
+        &self,
+        caller: &Caller,
+        session_id: &SessionId,
+        now: warden_core::time::Timestamp,
+    ) -> Result<(), EngineError> {
+        let pending = self
+            .inner
+            .store
+            .list_escalations(Some(EscalationStatus::Pending))
+            .await?;
+        for e in pending {
+            let EscalationTarget::Call { session_id: s, .. } = &e.target else {
+                continue;
+            };
+            if s != session_id {
+                continue;
+            }
+            let d = self.decision(
+                caller,
+                Verdict::Deny,
+                sr::SESSION_CANCELLED,
+                ops::ESCALATION_REJECT,
+                e.escalation_id.clone(),
+                now,
+            );
+            let draft = self.draft(&d).with_details(json!({"target": e.target}));
+            let out = self
+                .inner
+                .store
+                .resolve_escalation(
+                    e.escalation_id.clone(),
+                    EscalationResolution::Reject {
+                        reason: sr::SESSION_CANCELLED.to_string(),
+                    },
+                    caller.clone(),
+                    now,
+                    Box::new(move |o| match o {
+                        ResolveEscalation::Resolved(_) => vec![draft],
+                        _ => Vec::new(),
+                    }),
+                )
+                .await?;
+            let _ = matches!(out, ResolveEscalation::Resolved(_));
+        }
+        Ok(())
+    }
+
+    /// A rejected call: recorded `Denied` (`escalation_rejected`).
+    pub(crate) async fn deny_rejected_call(
+        &self,
+        requested_by: &Subject,
+        session_id: &SessionId,
+        call_id: &CallId,
+        escalation_id: &str,
+        now: warden_core::time::Timestamp,
+    ) -> Result<(), EngineError> {
+        for _ in 0..MAX_SESSION_ATTEMPTS {
+            let Some(state) = self.inner.store.get_session(session_id.clone()).await? else {
+                return Ok(());
+            };
+            let Some(call) = state.call(call_id) else {
+                return Ok(());
+            };
+            if call.status != CallStatus::Escalated {
+                return Ok(());
+            }
+            let mut denied = call.clone();
+            denied.status = CallStatus::Denied;
+            denied.verdict = Verdict::Deny;
+            denied.reason = crate::engine::engine_reasons::ESCALATION_REJECTED;
+            denied.decided_at = now;
+            let d = self.decision(
+                requested_by,
+                Verdict::Deny,
+                crate::engine::engine_reasons::ESCALATION_REJECTED,
+                ops::SESSION_CALL,
+                format!("{session_id}:{call_id}"),
+                now,
+            );
+            let draft = self
+                .draft(&d)
+                .with_details(json!({"escalation_id": escalation_id}));
+            let mut session = state.session.clone();
+            session.revision += 1;
+            let outcome = self
+                .inner
+                .store
+                .update_session(
+                    SessionUpdate {
+                        session,
+                        sources: None,
+                        call: Some(denied),
+                    },
+                    state.session.revision,
+                    Box::new(move |o| match o {
+                        UpdateSession::Updated => vec![draft],
+                        UpdateSession::Conflict { .. } => Vec::new(),
+                    }),
+                )
+                .await?;
+            if outcome == UpdateSession::Updated {
+                return Ok(());
+            }
+        }
+        Err(EngineError::Conflict {
+            kind: ConflictKind::SessionContention,
+            id: session_id.to_string(),
+        })
+    }
+}
