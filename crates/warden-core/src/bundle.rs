@@ -6,7 +6,7 @@
 //! to something else: capabilities name known actions, agents form a valid
 //! hierarchy, delegated agents carry no block-write surface, memory seeds
 //! name registered owners and fit their class, the context section names
-//! declared labels. Every problem is reported with its location, and all
+//! declared labels, trusted issuers' keys decode. Every problem is reported with its location, and all
 //! problems are reported at once (`warden policy lint`).
 //!
 //! The bundle's JSON Schema is generated from these types ([`schema`]).
@@ -20,11 +20,14 @@ use serde_json::Value;
 use crate::audit::Digest;
 use crate::capability::CapSet;
 use crate::catalogue::{ActionCatalogue, ActionSpec};
-use crate::envelope::{ContextPolicy, ContextPolicySpec};
+use crate::envelope::sign::VerifyingKey;
+use crate::envelope::{ContextPolicy, ContextPolicySpec, IssuerId};
 use crate::hierarchy::{AgentSpec, Hierarchy, HierarchyError, HierarchyLimits};
 use crate::ids::{ActionName, AgentId, Key, Namespace};
+use crate::json::{PathSeg, render_path};
 use crate::lockdown::{self, BLOCK_WRITE_TAG};
 use crate::memory::{Combinator, RecordClass, Visibility};
+use crate::provenance::{IndexLimits, Otherwise};
 use crate::sop::SopLimits;
 use crate::time::Timestamp;
 
@@ -56,6 +59,159 @@ pub struct BundleSpec {
     /// Per-agent quotas enforced by the server.
     #[serde(default)]
     pub quotas: QuotasSpec,
+    /// Tool-call sessions: what an unplanned call gets, and the bounds of a
+    /// session's source index (defaults apply when absent).
+    #[serde(default)]
+    pub sessions: Option<SessionsSpec>,
+    /// Issuers whose signed envelopes may open a session `from_envelope`:
+    /// issuer id (an identifier) to its Ed25519 public key, 32 bytes in
+    /// standard base64.
+    #[serde(default)]
+    pub trusted_issuers: BTreeMap<String, String>,
+}
+
+/// The `sessions:` section.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionsSpec {
+    /// What happens to a call that matches no planned step of a plan-bound
+    /// session: `deny` (the default) or `escalate`.
+    #[serde(default)]
+    pub unplanned: Option<Otherwise>,
+    /// Most bytes of recorded text one session's source index searches
+    /// (default 1048576); past it, content is unsearchable and vouches for
+    /// nothing.
+    #[serde(default)]
+    pub max_recorded_bytes: Option<u64>,
+    /// Most sources one session's index remembers (default 4096).
+    #[serde(default)]
+    pub max_sources: Option<u32>,
+}
+
+/// The compiled `sessions:` section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionPolicy {
+    /// What happens to a call that matches no planned step.
+    pub unplanned: Otherwise,
+    /// Most bytes of recorded text a session's index searches.
+    pub max_recorded_bytes: u64,
+    /// Most sources a session's index remembers.
+    pub max_sources: u32,
+}
+
+impl Default for SessionPolicy {
+    /// Deny unplanned calls; the default [`IndexLimits`] (1 MiB, 4096
+    /// sources).
+    fn default() -> Self {
+        let limits = IndexLimits::default();
+        Self {
+            unplanned: Otherwise::Deny,
+            max_recorded_bytes: limits.max_bytes,
+            max_sources: limits.max_sources,
+        }
+    }
+}
+
+impl SessionPolicy {
+    /// The bounds of a session's source index (fields at the default).
+    pub fn index_limits(&self) -> IndexLimits {
+        IndexLimits {
+            max_bytes: self.max_recorded_bytes,
+            max_sources: self.max_sources,
+            ..IndexLimits::default()
+        }
+    }
+
+    fn compile(spec: &SessionsSpec, push: &mut impl FnMut(String, String)) -> Self {
+        let defaults = Self::default();
+        let policy = Self {
+            unplanned: spec.unplanned.unwrap_or(defaults.unplanned),
+            max_recorded_bytes: spec
+                .max_recorded_bytes
+                .unwrap_or(defaults.max_recorded_bytes),
+            max_sources: spec.max_sources.unwrap_or(defaults.max_sources),
+        };
+        if policy.max_recorded_bytes == 0 {
+            push(
+                "sessions.max_recorded_bytes".into(),
+                "must be at least 1".into(),
+            );
+        }
+        if policy.max_sources == 0 {
+            push("sessions.max_sources".into(), "must be at least 1".into());
+        }
+        policy
+    }
+
+    fn explain(&self) -> String {
+        let unplanned = match self.unplanned {
+            Otherwise::Deny => "denied",
+            Otherwise::Escalate => "escalated to a human",
+        };
+        format!(
+            "a call matching no planned step of a plan-bound session is {unplanned}; \
+             a session's sources are searched up to {} bytes of recorded text and {} sources",
+            self.max_recorded_bytes, self.max_sources
+        )
+    }
+}
+
+/// Decode the `trusted_issuers:` section, reporting each bad entry.
+fn compile_issuers(
+    spec: &BTreeMap<String, String>,
+    push: &mut impl FnMut(String, String),
+) -> BTreeMap<IssuerId, VerifyingKey> {
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD as BASE64;
+
+    let mut out = BTreeMap::new();
+    for (id, key) in spec {
+        let issuer = match IssuerId::parse(id) {
+            Ok(issuer) => issuer,
+            Err(e) => {
+                push(
+                    render_path("trusted_issuers", [PathSeg::Key(id)]),
+                    format!("invalid issuer id: {e}"),
+                );
+                continue;
+            }
+        };
+        let at = format!("trusted_issuers.{issuer}");
+        let bytes = match BASE64.decode(key.trim().as_bytes()) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                push(
+                    at,
+                    format!(
+                        "the key is not standard base64: {}",
+                        e.to_string().trim_end_matches('.')
+                    ),
+                );
+                continue;
+            }
+        };
+        let Ok(raw) = <[u8; 32]>::try_from(bytes.as_slice()) else {
+            push(
+                at,
+                format!(
+                    "the key is {} bytes, an Ed25519 public key is 32",
+                    bytes.len()
+                ),
+            );
+            continue;
+        };
+        match VerifyingKey::from_bytes(&raw) {
+            Ok(k) if k.is_weak() => push(
+                at,
+                "the key is a weak (small-order) point, which verifies forged signatures".into(),
+            ),
+            Ok(k) => {
+                out.insert(issuer, k);
+            }
+            Err(_) => push(at, "the key is not a valid Ed25519 public key".into()),
+        }
+    }
+    out
 }
 
 /// Structural limits; each defaults to the documented value.
@@ -233,6 +389,8 @@ pub struct Policy {
     pub source_hash: Digest,
     /// The bundle as parsed.
     pub spec: BundleSpec,
+    sessions: SessionPolicy,
+    trusted_issuers: BTreeMap<IssuerId, VerifyingKey>,
 }
 
 /// Parse bundle text (YAML or JSON) into its spec, with located syntax errors.
@@ -306,6 +464,10 @@ impl Policy {
             max_depth: limits.max_nesting_depth.unwrap_or(defaults.max_depth),
             ..defaults
         };
+
+        let sessions =
+            SessionPolicy::compile(&spec.sessions.clone().unwrap_or_default(), &mut push);
+        let trusted_issuers = compile_issuers(&spec.trusted_issuers, &mut push);
 
         let Some(catalogue) = catalogue else {
             return Err(BundleError { issues });
@@ -421,6 +583,8 @@ impl Policy {
             quotas: spec.quotas.clone(),
             source_hash,
             spec,
+            sessions,
+            trusted_issuers,
         })
     }
 
@@ -447,10 +611,25 @@ impl Policy {
             .collect()
     }
 
+    /// The `sessions:` section (its defaults when the bundle has none).
+    pub fn sessions(&self) -> &SessionPolicy {
+        &self.sessions
+    }
+
+    /// The issuers whose signed envelopes may open a session.
+    pub fn trusted_issuers(&self) -> &BTreeMap<IssuerId, VerifyingKey> {
+        &self.trusted_issuers
+    }
+
     /// One line per provenance rule, output trust and outbound read of
     /// every bundle-declared action, prefixed with the action's location
-    /// (`actions.send_money: argument ...`), for `warden policy lint`.
+    /// (`actions.send_money: argument ...`), then one for the `sessions:`
+    /// section if the bundle has one and one per trusted issuer
+    /// (`trusted_issuers.<id>: ...`), for `warden policy lint`.
     pub fn explain_provenance(&self) -> Vec<String> {
+        use base64::Engine;
+        use base64::engine::general_purpose::STANDARD as BASE64;
+
         let mut out = Vec::new();
         for action in self.catalogue.iter() {
             if !self.spec.actions.contains_key(action.name()) {
@@ -459,6 +638,15 @@ impl Policy {
             for line in action.provenance().explain() {
                 out.push(format!("actions.{}: {line}", action.name()));
             }
+        }
+        if self.spec.sessions.is_some() {
+            out.push(format!("sessions: {}", self.sessions.explain()));
+        }
+        for (issuer, key) in &self.trusted_issuers {
+            out.push(format!(
+                "trusted_issuers.{issuer}: envelopes signed by Ed25519 key {} may open a session",
+                BASE64.encode(key.as_bytes())
+            ));
         }
         out
     }
@@ -588,9 +776,176 @@ mod tests {
             "context",
             "quotas",
             "limits",
+            "sessions",
+            "trusted_issuers",
         ] {
             assert!(props.contains_key(field), "{field}");
         }
+        let text = schema.to_string();
+        for word in ["unplanned", "max_recorded_bytes", "max_sources"] {
+            assert!(text.contains(word), "{word}");
+        }
+    }
+
+    fn issues(text: &str) -> Vec<(String, String)> {
+        compile(text)
+            .unwrap_err()
+            .issues
+            .into_iter()
+            .map(|i| (i.location, i.message))
+            .collect()
+    }
+
+    #[test]
+    fn sessions_default_to_deny_and_the_index_defaults() {
+        let p = compile("policy_version: s\n").unwrap();
+        assert_eq!(
+            *p.sessions(),
+            SessionPolicy {
+                unplanned: Otherwise::Deny,
+                max_recorded_bytes: 1024 * 1024,
+                max_sources: 4096
+            }
+        );
+        assert_eq!(p.sessions().index_limits(), IndexLimits::default());
+        assert!(p.trusted_issuers().is_empty());
+        // Nothing declared, nothing explained.
+        assert!(p.explain_provenance().is_empty());
+
+        let text = "policy_version: s\nsessions: {unplanned: escalate, max_recorded_bytes: 2048, max_sources: 8}\n";
+        let p = compile(text).unwrap();
+        assert_eq!(p.sessions().unplanned, Otherwise::Escalate);
+        assert_eq!(
+            p.sessions().index_limits(),
+            IndexLimits {
+                max_bytes: 2048,
+                max_sources: 8,
+                ..IndexLimits::default()
+            }
+        );
+        assert_eq!(
+            p.explain_provenance(),
+            [
+                "sessions: a call matching no planned step of a plan-bound session is escalated \
+              to a human; a session's sources are searched up to 2048 bytes of recorded text \
+              and 8 sources"
+            ]
+        );
+        let p = compile("policy_version: s\nsessions: {}\n").unwrap();
+        assert_eq!(*p.sessions(), SessionPolicy::default());
+        assert!(p.explain_provenance()[0].contains("is denied"));
+        // JSON and YAML agree.
+        let spec = parse_spec(text).unwrap();
+        let json = serde_json::to_string(&spec).unwrap();
+        assert_eq!(parse_spec(&json).unwrap(), spec);
+    }
+
+    #[test]
+    fn bad_sessions_sections_are_located() {
+        assert_eq!(
+            issues("policy_version: s\nsessions: {max_recorded_bytes: 0, max_sources: 0}\n"),
+            [
+                (
+                    "sessions.max_recorded_bytes".to_owned(),
+                    "must be at least 1".to_owned()
+                ),
+                (
+                    "sessions.max_sources".to_owned(),
+                    "must be at least 1".to_owned()
+                ),
+            ]
+        );
+        for bad in [
+            "sessions: {unplanned: allow}",
+            "sessions: {unplaned: deny}",
+            "sessions: {max_sources: -1}",
+            "sessions: deny",
+        ] {
+            assert!(
+                compile(&format!("policy_version: s\n{bad}\n")).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    fn b64(bytes: &[u8]) -> String {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    }
+
+    #[test]
+    fn trusted_issuers_decode_and_are_explained() {
+        let key = crate::envelope::sign::SigningKey::from_bytes(&[7; 32]).verifying_key();
+        let other = crate::envelope::sign::SigningKey::from_bytes(&[9; 32]).verifying_key();
+        let text = format!(
+            "policy_version: s\ntrusted_issuers:\n  warden.eu-1: \"{}\"\n  hq: {}\n",
+            b64(key.as_bytes()),
+            b64(other.as_bytes())
+        );
+        let p = compile(&text).unwrap();
+        let issuers: Vec<(&str, &VerifyingKey)> = p
+            .trusted_issuers()
+            .iter()
+            .map(|(id, k)| (id.as_str(), k))
+            .collect();
+        assert_eq!(issuers, [("hq", &other), ("warden.eu-1", &key)]);
+        assert_eq!(
+            p.explain_provenance(),
+            [
+                format!(
+                    "trusted_issuers.hq: envelopes signed by Ed25519 key {} may open a session",
+                    b64(other.as_bytes())
+                ),
+                format!(
+                    "trusted_issuers.warden.eu-1: envelopes signed by Ed25519 key {} may open a session",
+                    b64(key.as_bytes())
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_trusted_issuers_are_located_errors() {
+        let good = b64(crate::envelope::sign::SigningKey::from_bytes(&[7; 32])
+            .verifying_key()
+            .as_bytes());
+        // The identity point: small order, verifies forged signatures.
+        let mut weak = [0u8; 32];
+        weak[0] = 1;
+        // A y coordinate with no point on the curve.
+        let off_curve = (2u8..=255)
+            .map(|y| {
+                let mut b = [0u8; 32];
+                b[0] = y;
+                b
+            })
+            .find(|b| VerifyingKey::from_bytes(b).is_err())
+            .unwrap();
+        let text = format!(
+            "policy_version: s\ntrusted_issuers:\n  \"bad id\": \"{good}\"\n  a: \"not base64!\"\n  \
+             b: \"{}\"\n  c: \"{}\"\n  d: \"{}\"\n  e: \"{good}\"\n",
+            b64(&[1; 31]),
+            b64(&weak),
+            b64(&off_curve),
+        );
+        let found = issues(&text);
+        let locations: Vec<&str> = found.iter().map(|(l, _)| l.as_str()).collect();
+        assert_eq!(
+            locations,
+            [
+                "trusted_issuers.a",
+                "trusted_issuers.b",
+                "trusted_issuers[\"bad id\"]",
+                "trusted_issuers.c",
+                "trusted_issuers.d"
+            ],
+            "{found:?}"
+        );
+        assert!(found[0].1.contains("base64"), "{found:?}");
+        assert!(found[1].1.contains("31 bytes"), "{found:?}");
+        assert!(found[2].1.starts_with("invalid issuer id"), "{found:?}");
+        assert!(found[3].1.contains("weak"), "{found:?}");
+        assert!(found[4].1.contains("not a valid Ed25519"), "{found:?}");
     }
 
     proptest! {

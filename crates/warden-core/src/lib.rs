@@ -16,6 +16,8 @@
 //! - [`catalogue`]: the action catalogue and argument rules.
 //! - [`json`]: the strict JSON reader (duplicate keys, nesting limit).
 //! - [`sop`]: strict SOP parsing.
+//! - [`plan`]: plans (SOPs with call-time bindings): parsing, matching a
+//!   call to its planned step, admission.
 //! - [`lockdown`]: the delegation write-surface predicate and config checks.
 //! - [`envelope`]: context envelopes, aggregation, delegation, signatures.
 //! - [`provenance`]: value provenance: normalised matching against keyed
@@ -33,6 +35,7 @@ pub mod ids;
 pub mod json;
 pub mod lockdown;
 pub mod memory;
+pub mod plan;
 pub mod preflight;
 pub mod provenance;
 pub mod sop;

@@ -10,6 +10,12 @@
 //! a run with a context envelope, every step the starting restrictions
 //! already deny. Its [`Preflight`] is final; nothing patches it afterwards.
 //!
+//! [`admit_with_bound`] is [`admit`] for a plan ([`crate::plan`]): some
+//! argument positions are bound at call time ([`BoundPositions`]), and a
+//! check that fails only at such a position is skipped; [`check_call`] is
+//! the same static check of one concrete call, which is where bound
+//! positions are checked.
+//!
 //! The acting agent is the runtime identity passed in; an `actor` or
 //! `owner_agent_id` inside a step's arguments is data, checked against that
 //! identity, never a source of it.
@@ -19,11 +25,12 @@ use std::collections::HashSet;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::catalogue::ActionCatalogue;
+use crate::catalogue::{ActionCatalogue, reasons as arg};
 use crate::decision::{Decision, Reason, Subject, Verdict, reasons};
 use crate::envelope::{ActionRef, ContextPolicy, ContextRequest, Envelope, decide};
 use crate::hierarchy::{AgentNode, Hierarchy};
-use crate::ids::{AgentId, check_identifier};
+use crate::ids::{ActionName, AgentId, check_identifier};
+use crate::plan::ArgPath;
 use crate::sop::{Sop, Step};
 use crate::time::Timestamp;
 
@@ -121,20 +128,62 @@ pub fn admit(
     run: Option<RunContext<'_>>,
     now: Timestamp,
 ) -> Preflight {
-    let node = ctx
-        .hierarchy
-        .index_of(actor.as_str())
-        .and_then(|i| ctx.hierarchy.node(i));
-    let agent_failure = match node {
-        None => Some(reasons::UNKNOWN_AGENT),
-        Some(n) if !n.is_active() => Some(reasons::AGENT_REVOKED),
-        Some(_) => None,
-    };
+    admit_with_bound(ctx, actor, sop, &[], run, now)
+}
+
+/// [`admit`] of an SOP some of whose argument positions are bound at call
+/// time: `bound[i]` lists step `i`'s (a step past the end of `bound` has
+/// none). A plan's SOP comes from
+/// [`plan_preflight_sop`](crate::plan::plan_preflight_sop), with a
+/// placeholder at each bound position.
+///
+/// What is skipped, and only that: a schema violation whose JSON pointer
+/// is at or under a bound position; an argument rule whose argument is at
+/// or under one (rules name object keys, so a bound array element never
+/// matches one); for `memory.read` / `memory.write`, the checks of a bound
+/// `namespace`, `key`, `value` or `owner_agent_id`. A violation located
+/// above a bound position (the arguments object as a whole, a parent
+/// object's keyword) is kept, as is a pointer the catalogue may have cut
+/// (over 124 bytes): preflight cannot tell what the call will put there, so
+/// it fails closed. Bound positions are checked at call time
+/// ([`check_call`]).
+pub fn admit_with_bound(
+    ctx: &PreflightContext<'_>,
+    actor: &AgentId,
+    sop: &Sop,
+    bound: &[BoundPositions],
+    run: Option<RunContext<'_>>,
+    now: Timestamp,
+) -> Preflight {
+    let node = actor_node(ctx, actor);
+    let agent_failure = agent_failure(node);
     let mut seen: HashSet<&str> = HashSet::with_capacity(sop.steps.len());
     let mut found: Vec<Vec<Reason>> = sop
         .steps
         .iter()
-        .map(|step| static_violations(ctx, node, agent_failure.as_ref(), actor, step, &mut seen))
+        .enumerate()
+        .map(|(i, step)| {
+            let step_id = step.step_id_str();
+            let mut violations = Vec::new();
+            if let Some(r) = &agent_failure {
+                violations.push(r.clone());
+            }
+            if step_id.is_empty() {
+                violations.push(reasons::EMPTY_STEP_ID);
+            } else if !seen.insert(step_id) {
+                violations.push(reasons::DUPLICATE_STEP_ID);
+            }
+            action_violations(
+                ctx,
+                node,
+                actor,
+                &step.action,
+                &step.arguments,
+                bound.get(i),
+                &mut violations,
+            );
+            violations
+        })
         .collect();
     if let Some(run) = run
         && found.iter().all(Vec::is_empty)
@@ -167,41 +216,148 @@ pub fn admit(
     Preflight { admitted, steps }
 }
 
-/// Everything wrong with `step` on static data, in check order.
-fn static_violations<'s>(
+/// Every static violation of one concrete call of `action` with
+/// `arguments` by `actor`, in check order, as [`admit`] checks a step
+/// (without the step id checks): the agent is known and active, the action
+/// is in the catalogue and in its effective capabilities, memory arguments
+/// are well formed and name no other owner, and the arguments pass the
+/// action's schema and rules. Empty means the call passes. This is where a
+/// plan's bound positions are checked, with the values the call put there.
+pub fn check_call(
+    ctx: &PreflightContext<'_>,
+    actor: &AgentId,
+    action: &ActionName,
+    arguments: &Value,
+) -> Vec<Reason> {
+    let node = actor_node(ctx, actor);
+    let mut violations: Vec<Reason> = agent_failure(node).into_iter().collect();
+    action_violations(ctx, node, actor, action, arguments, None, &mut violations);
+    violations
+}
+
+fn actor_node<'h>(ctx: &PreflightContext<'h>, actor: &AgentId) -> Option<&'h AgentNode> {
+    ctx.hierarchy
+        .index_of(actor.as_str())
+        .and_then(|i| ctx.hierarchy.node(i))
+}
+
+fn agent_failure(node: Option<&AgentNode>) -> Option<Reason> {
+    match node {
+        None => Some(reasons::UNKNOWN_AGENT),
+        Some(n) if !n.is_active() => Some(reasons::AGENT_REVOKED),
+        Some(_) => None,
+    }
+}
+
+/// The catalogue, capability, memory and argument checks of one action
+/// with its arguments, skipping what `bound` covers.
+fn action_violations(
     ctx: &PreflightContext<'_>,
     node: Option<&AgentNode>,
-    agent_failure: Option<&Reason>,
     actor: &AgentId,
-    step: &'s Step,
-    seen: &mut HashSet<&'s str>,
-) -> Vec<Reason> {
-    let step_id = step.step_id_str();
-    let mut violations = Vec::new();
-    if let Some(r) = agent_failure {
-        violations.push(r.clone());
+    action: &ActionName,
+    arguments: &Value,
+    bound: Option<&BoundPositions>,
+    violations: &mut Vec<Reason>,
+) {
+    let Some(idx) = ctx.catalogue.index_of(action.as_str()) else {
+        violations.push(reasons::UNKNOWN_ACTION);
+        return;
+    };
+    if let Some(n) = node
+        && !n.effective().contains(idx.get())
+    {
+        violations.push(reasons::ACTION_NOT_IN_EFFECTIVE_CAPABILITIES);
     }
-    if step_id.is_empty() {
-        violations.push(reasons::EMPTY_STEP_ID);
-    } else if !seen.insert(step_id) {
-        violations.push(reasons::DUPLICATE_STEP_ID);
+    let action = action.as_str();
+    if action == MEMORY_WRITE || action == MEMORY_READ {
+        let empty = serde_json::Map::new();
+        let args = arguments.as_object().unwrap_or(&empty);
+        check_memory_step(action, args, actor, bound, violations);
     }
-    match ctx.catalogue.index_of(step.action.as_str()) {
-        None => violations.push(reasons::UNKNOWN_ACTION),
-        Some(idx) => {
-            if let Some(n) = node
-                && !n.effective().contains(idx.get())
-            {
-                violations.push(reasons::ACTION_NOT_IN_EFFECTIVE_CAPABILITIES);
-            }
-            let action = step.action.as_str();
-            if action == MEMORY_WRITE || action == MEMORY_READ {
-                check_memory_step(action, step.arguments(), actor, &mut violations);
-            }
-            violations.extend(ctx.catalogue.check_argument_value(idx, &step.arguments));
+    let found = ctx.catalogue.check_argument_value(idx, arguments);
+    match bound {
+        Some(b) if !b.is_empty() => violations.extend(found.into_iter().filter(|r| !b.skips(r))),
+        _ => violations.extend(found),
+    }
+}
+
+/// Argument positions of one step whose values are bound at call time (a
+/// plan's bindings: [`Plan::bound_positions`](crate::plan::Plan::bound_positions)).
+/// [`admit_with_bound`] skips the checks that fail only there.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BoundPositions {
+    paths: Vec<ArgPath>,
+    /// The JSON pointer of each path, in the same order.
+    pointers: Vec<String>,
+}
+
+/// Longest schema-violation pointer that the catalogue cannot have cut
+/// (it cuts at 128 bytes, at a char boundary, so a cut one is over 124).
+const MAX_UNCUT_POINTER: usize = 124;
+
+/// Argument-rule reasons: their parameter is the rule's (dotted) argument.
+const RULE_REASONS: [&str; 10] = [
+    arg::PATH_OUTSIDE_ALLOWED,
+    arg::PATH_TRAVERSAL,
+    arg::HOST_NOT_ALLOWED,
+    arg::SCHEME_NOT_ALLOWED,
+    arg::ARGUMENT_TOO_LARGE,
+    arg::PATTERN_MISMATCH,
+    arg::MIME_NOT_ALLOWED,
+    arg::CLASSIFICATION_ABOVE_CEILING,
+    arg::ARGUMENT_MISSING,
+    arg::ARGUMENT_WRONG_TYPE,
+];
+
+impl BoundPositions {
+    /// These positions.
+    pub fn new(paths: Vec<ArgPath>) -> Self {
+        let pointers = paths.iter().map(ArgPath::pointer).collect();
+        Self { paths, pointers }
+    }
+
+    /// The positions.
+    pub fn paths(&self) -> &[ArgPath] {
+        &self.paths
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.paths.is_empty()
+    }
+
+    /// Whether `reason` (from the catalogue's argument check) is located at
+    /// or under a bound position.
+    fn skips(&self, reason: &Reason) -> bool {
+        let Some((kind, param)) = reason.as_str().split_once(':') else {
+            return false;
+        };
+        if kind == arg::ARGUMENT_SCHEMA_VIOLATION {
+            return param.starts_with('/')
+                && param.len() <= MAX_UNCUT_POINTER
+                && self.pointers.iter().any(|p| {
+                    param
+                        .strip_prefix(p.as_str())
+                        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+                });
         }
+        if RULE_REASONS.contains(&kind) {
+            let argument: Vec<&str> = param.split('.').collect();
+            return self.paths.iter().any(|p| {
+                p.keys()
+                    .is_some_and(|keys| argument.starts_with(keys.as_slice()))
+            });
+        }
+        false
     }
-    violations
+
+    /// Whether the top-level argument `name` is bound.
+    fn binds_member(&self, name: &str) -> bool {
+        self.paths
+            .iter()
+            .any(|p| p.keys().is_some_and(|keys| keys == [name]))
+    }
 }
 
 /// The check of one step: denied with its first violation, if any.
@@ -243,9 +399,14 @@ fn check_memory_step(
     action: &str,
     args: &serde_json::Map<String, Value>,
     actor: &AgentId,
+    bound: Option<&BoundPositions>,
     violations: &mut Vec<Reason>,
 ) {
+    let is_bound = |field: &str| bound.is_some_and(|b| b.binds_member(field));
     for field in ["namespace", "key"] {
+        if is_bound(field) {
+            continue;
+        }
         let ok = args
             .get(field)
             .and_then(Value::as_str)
@@ -255,12 +416,13 @@ fn check_memory_step(
         }
     }
     if action == MEMORY_WRITE {
-        if !args.contains_key("value") {
+        if !args.contains_key("value") && !is_bound("value") {
             violations.push(Reason::with_param(MEMORY_ARGUMENT_INVALID, "value"));
         }
         // The owner scope defaults to the actor; naming anyone else is the
         // lab document's cross-owner write.
         match args.get("owner_agent_id") {
+            _ if is_bound("owner_agent_id") => {}
             None => {}
             Some(Value::String(owner)) if owner == actor.as_str() => {}
             Some(_) => violations.push(reasons::CROSS_OWNER_MEMORY_WRITE),

@@ -27,7 +27,9 @@
 //!
 //! # Verification
 //!
-//! A [`Verifier`] holds the trusted issuers and, per envelope id, the highest
+//! [`verify_signature`] is the stateless check (a trusted issuer, a
+//! signature that verifies); every verification goes through it. A
+//! [`Verifier`] holds the trusted issuers and, per envelope id, the highest
 //! version it accepted and that version's restrictions. It rejects, with
 //! stable codes ([`VerifyError::code`]): an unknown issuer or a signature
 //! that does not verify (`forged`: a tampered body, a wrong key and a forged
@@ -75,7 +77,7 @@ use crate::time::Timestamp;
 use canonical::to_canonical;
 pub use canonical::{CanonicalError, MAX_CANONICAL_DEPTH, canonical_json};
 pub use receipt::{EnvelopeRef, EnvelopeRefError, Receipt, ReceiptOutcome, resolve_receipt};
-pub use verify::{Downgrade, VerifiedEnvelope, Verifier, VerifyError};
+pub use verify::{Downgrade, VerifiedEnvelope, Verifier, VerifyError, verify_signature};
 
 /// The domain-separation prefix of every envelope signature.
 pub const SIGNING_CONTEXT: &[u8] = b"warden.envelope.v1\n";

@@ -293,3 +293,39 @@ fn receipts_resolve_expire_or_stay_unresolved() {
     assert!(serde_json::from_str::<Receipt>(&bad).is_err());
     assert!(EnvelopeRef::parse(&"A".repeat(64)).is_err());
 }
+
+#[test]
+fn the_stateless_check_verifies_signatures_only() {
+    let issuers: BTreeMap<IssuerId, VerifyingKey> =
+        [(issuer(), key(vector!("seed.hex")).verifying_key())].into();
+    let t = token(vector!("token.json"));
+    // It keeps nothing: the same token verifies again.
+    let first = verify_signature(&t, &issuers).unwrap();
+    assert_eq!(verify_signature(&t, &issuers).unwrap(), first);
+    assert_eq!(first.issuer, issuer());
+    assert_eq!(first.envelope, t.envelope);
+
+    let forged = |t: &SignedEnvelope, issuers: &BTreeMap<IssuerId, VerifyingKey>| {
+        verify_signature(t, issuers).unwrap_err()
+    };
+    let e = forged(&t, &BTreeMap::new());
+    assert!(matches!(e, VerifyError::UnknownIssuer { .. }), "{e}");
+    assert_eq!(e.code(), "forged");
+    for json in [vector!("tampered.json"), vector!("wrong_key.json")] {
+        let e = forged(&token(json), &issuers);
+        assert!(matches!(e, VerifyError::BadSignature { .. }), "{e}");
+        assert_eq!(e.reason(), reasons::ENVELOPE_FORGED);
+    }
+    let e = forged(&token(vector!("unknown_issuer.json")), &issuers);
+    assert!(matches!(e, VerifyError::UnknownIssuer { .. }), "{e}");
+    let mut bad = t.clone();
+    bad.signature = "not base64!".into();
+    assert_eq!(forged(&bad, &issuers).code(), "malformed");
+
+    // The stateful verifier goes through it, then adds monotonicity.
+    let mut v = Verifier::trusting(issuers.clone());
+    assert_eq!(v.verify(&t).unwrap(), first);
+    assert_eq!(v.verify(&t).unwrap_err().code(), "replayed");
+    let mut other = Verifier::trusting(BTreeMap::new());
+    assert_eq!(other.verify(&t).unwrap_err(), forged(&t, &BTreeMap::new()));
+}

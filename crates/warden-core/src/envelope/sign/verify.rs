@@ -123,6 +123,14 @@ impl Verifier {
         Self::default()
     }
 
+    /// A verifier trusting `issuers` (a bundle's `trusted_issuers`).
+    pub fn trusting(issuers: BTreeMap<IssuerId, VerifyingKey>) -> Self {
+        Self {
+            issuers,
+            accepted: BTreeMap::new(),
+        }
+    }
+
     /// Trust `key` for tokens naming `issuer` (replaces an earlier key).
     pub fn trust(&mut self, issuer: IssuerId, key: VerifyingKey) {
         self.issuers.insert(issuer, key);
@@ -138,32 +146,11 @@ impl Verifier {
         self.verify(&SignedEnvelope::from_json(token)?)
     }
 
-    /// Verify a token; on success remember its version and restrictions.
+    /// Verify a token ([`verify_signature`] against the trusted issuers,
+    /// then monotonicity); on success remember its version and
+    /// restrictions.
     pub fn verify(&mut self, token: &SignedEnvelope) -> Result<VerifiedEnvelope, VerifyError> {
-        let key = self
-            .issuers
-            .get(&token.issuer)
-            .ok_or_else(|| VerifyError::UnknownIssuer {
-                issuer: token.issuer.clone(),
-            })?;
-        let raw =
-            BASE64
-                .decode(token.signature.as_bytes())
-                .map_err(|e| VerifyError::Malformed {
-                    detail: format!("signature is not base64: {e}"),
-                })?;
-        let signature = Signature::from_slice(&raw).map_err(|_| VerifyError::Malformed {
-            detail: format!("signature is {} bytes, expected 64", raw.len()),
-        })?;
-        let input =
-            signing_input(&token.envelope, &token.issuer).map_err(|e| VerifyError::Malformed {
-                detail: e.to_string(),
-            })?;
-        key.verify_strict(&input, &signature)
-            .map_err(|_| VerifyError::BadSignature {
-                issuer: token.issuer.clone(),
-            })?;
-
+        let verified = verify_signature(token, &self.issuers)?;
         let record = &token.envelope;
         if let Some(seen) = self.accepted.get(&record.envelope_id) {
             if record.version < seen.version {
@@ -201,9 +188,46 @@ impl Verifier {
                 restrictions: record.restrictions.clone(),
             },
         );
-        Ok(VerifiedEnvelope {
-            issuer: token.issuer.clone(),
-            envelope: record.clone(),
-        })
+        Ok(verified)
     }
+}
+
+/// The stateless part of verification: `token`'s issuer is in `issuers` and
+/// its signature verifies (Ed25519, strict) under that issuer's key over
+/// [`signing_input`]. Nothing about earlier tokens is checked (replay and
+/// downgrade are decided over the imports a caller has recorded, as
+/// [`Verifier::verify`] does over the ones it holds).
+///
+/// Errors: [`VerifyError::UnknownIssuer`] and [`VerifyError::BadSignature`]
+/// (both `forged`), [`VerifyError::Malformed`] for a signature that is not
+/// base64 of 64 bytes or a body that has no canonical form.
+pub fn verify_signature(
+    token: &SignedEnvelope,
+    issuers: &BTreeMap<IssuerId, VerifyingKey>,
+) -> Result<VerifiedEnvelope, VerifyError> {
+    let key = issuers
+        .get(&token.issuer)
+        .ok_or_else(|| VerifyError::UnknownIssuer {
+            issuer: token.issuer.clone(),
+        })?;
+    let raw = BASE64
+        .decode(token.signature.as_bytes())
+        .map_err(|e| VerifyError::Malformed {
+            detail: format!("signature is not base64: {e}"),
+        })?;
+    let signature = Signature::from_slice(&raw).map_err(|_| VerifyError::Malformed {
+        detail: format!("signature is {} bytes, expected 64", raw.len()),
+    })?;
+    let input =
+        signing_input(&token.envelope, &token.issuer).map_err(|e| VerifyError::Malformed {
+            detail: e.to_string(),
+        })?;
+    key.verify_strict(&input, &signature)
+        .map_err(|_| VerifyError::BadSignature {
+            issuer: token.issuer.clone(),
+        })?;
+    Ok(VerifiedEnvelope {
+        issuer: token.issuer.clone(),
+        envelope: token.envelope.clone(),
+    })
 }
