@@ -256,6 +256,9 @@ impl From<EngineError> for ApiError {
                     .with_details(json!({"field": field}))
             }
             EngineError::Sop(s) => sop_error(&s),
+            EngineError::Plan(warden_core::plan::PlanError::Sop(s)) => sop_error(&s),
+            EngineError::Plan(p) => ApiError::invalid("invalid_plan", p.to_string())
+                .with_details(json!({"field": p.field(), "reason": p.code()})),
             EngineError::Envelope(env) => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 env.reason().kind().to_owned(),

@@ -133,6 +133,9 @@ pub enum EngineError {
     /// The SOP could not be parsed; nothing changed.
     #[error(transparent)]
     Sop(#[from] SopError),
+    /// A session's plan could not be parsed; nothing changed.
+    #[error(transparent)]
+    Plan(#[from] warden_core::plan::PlanError),
     /// An envelope transition or restore was refused (an unknown
     /// restriction, a stored record the policy cannot read).
     #[error(transparent)]

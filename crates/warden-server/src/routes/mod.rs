@@ -516,7 +516,8 @@ routes! {
         errors: &[
             fail(403, "session_refused").note("`details.reason`: `not_session_agent`, `agent_revoked`, `plan_rejected` (with `details.reasons`), `envelope_forged`, `envelope_replayed`, `envelope_downgraded`...; recorded, nothing created"),
             fail(409, "session_conflict").note("the session id exists with other content"),
-            fail(422, "invalid_sop").note("the plan does not parse"),
+            fail(422, "invalid_sop").note("the plan is not a well-formed SOP"),
+            fail(422, "invalid_plan").note("a malformed binding, an empty or repeated step id; `details.field`, `details.reason`"),
         ],
     }
     GET "/v1/sessions/{id}" => sessions::get::<S>, {

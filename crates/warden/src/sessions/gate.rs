@@ -20,7 +20,7 @@
 //! call); the same call again after approval proceeds once.
 
 use serde_json::{Value, json};
-use warden_core::decision::{Decision, Obligation, Reason, Verdict, reasons};
+use warden_core::decision::{Obligation, Reason, Verdict, reasons};
 use warden_core::envelope::{ContextRequest, Envelope, Sensitivity, decide};
 use warden_core::ids::{ActionName, AgentId, CallId, SessionId, StepId};
 use warden_core::plan::{PlanMatch, match_call};
@@ -472,7 +472,12 @@ impl<S: Store> Engine<S> {
             let pd = rules.decide_except(&call.arguments, index, &exempt);
             for arg in &pd.arguments {
                 for p in &arg.values {
-                    let is_exempt = exempt.contains(&p.path);
+                    let is_exempt = exempt.iter().any(|e| {
+                        p.path == *e
+                            || p.path
+                                .strip_prefix(e.as_str())
+                                .is_some_and(|rest| rest.starts_with('[') || rest.starts_with('.'))
+                    });
                     provenance.push(provenance_json(&arg.argument, &arg.from, p, is_exempt));
                 }
             }

@@ -104,7 +104,7 @@ impl<S: Store> Engine<S> {
             let labels = self
                 .fold_call_labels(caller, &state.session, &call, &report.labels, now)
                 .await?;
-            let mut index = SourceIndex::clone(&self.restore_index(&state)?);
+            let mut index = SourceIndex::clone(&*self.restore_index(&state)?);
             let source = SourceId::parse(call_id.as_str())
                 .map_err(|e| EngineError::internal(format!("source id: {e}")))?;
             let trust = self
