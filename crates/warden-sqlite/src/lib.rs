@@ -20,7 +20,7 @@
 //! `StoreError::SchemaTooNew`; a file or directory that cannot be written is
 //! `StoreError::ReadOnly`. In each case the file is left exactly as it was.
 //!
-//! ## Schema (version 3)
+//! ## Schema (version 4)
 //!
 //! All tables are `STRICT` (SQLite checks every column's type); JSON is
 //! stored as text.
@@ -37,13 +37,17 @@
 //! | `run_steps` | per run and step: `position`, `action`, `operation_id`, and once recorded `status`, `result`, `error`, `labels`, `recorded_at` |
 //! | `envelopes` (v2) | every version of every context envelope: key `(envelope_id, version)`, `record` (the `EnvelopeRecord` as canonical JSON), plus `parent_envelope_id`, `workflow_id`, `agent_id` |
 //! | `escalations` (v2) | the escalation queue in creation order (`pos`): `escalation_id` (unique), `target` (canonical JSON), `status`, `created_at`, `record` (the `EscalationRecord` as canonical JSON) |
+//! | `sessions` (v4) | tool-call sessions: `session_id` (the key), `pos` (creation order), `agent`, `revision`, `created_at`, `record` (the `SessionRecord` as canonical JSON), `sources` (the serialised source index) |
+//! | `session_calls` (v4) | key `(session_id, call_id)`: `seq`, `record` (the `CallRecord` as canonical JSON) |
+//! | `envelope_imports` (v4) | every envelope a session was opened from: key `(issuer, envelope_id, version)`, `record` (the `EnvelopeImport` as canonical JSON) |
 //!
 //! Version 2 (context envelopes) adds the two `envelope_id` columns (`NULL`
 //! for rows written at version 1, read as "no envelope") and the last two
 //! tables; a version 1 file is migrated in place when first opened for
 //! writing, its rows untouched. Version 3 (runs in flight) adds
 //! `runs.finished_at`, set in the transaction that records the step which
-//! finishes a run; the migration marks the runs already finished.
+//! finishes a run; the migration marks the runs already finished. Version
+//! 4 (tool-call sessions) adds the last three tables.
 //!
 //! ## Quotas
 //!
@@ -174,6 +178,21 @@
 //! unique index keeps at most one open (pending or approved) escalation per
 //! target, and a trigger refuses any other status change through SQL.
 //!
+//! ## Tool-call sessions
+//!
+//! `create_session` runs in the writer's transaction: an existing session
+//! id returns the stored session; otherwise the envelope id must be free,
+//! an imported envelope is decided with `warden_store::decide_import`
+//! against every earlier import of the same `(issuer, envelope_id)` read
+//! there, and only then are the session row, its first envelope version
+//! (in `envelopes`, beside every other envelope) and the import note
+//! inserted, with the audit entries. `update_session` is a compare-and-set:
+//! one `UPDATE sessions ... WHERE session_id = :id AND revision =
+//! :expected` (a trigger lets a revision move only by one), then the call
+//! is inserted or replaced by `call_id`, in the same savepoint as its audit
+//! entries. Imports are never updated or deleted, so a replayed or
+//! downgraded envelope is refused after a restart as before it.
+//!
 //! ## Entry points for the CLI
 //!
 //! - `warden audit verify --database URL [--expect-head SEQ:HASH]`:
@@ -198,6 +217,7 @@ mod migration_tests;
 mod options;
 mod runs;
 mod schema;
+mod sessions;
 mod store;
 mod writer;
 

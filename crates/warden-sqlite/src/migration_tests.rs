@@ -1,5 +1,6 @@
-//! A database written at schema version 1 (by the build before context
-//! envelopes) opens with this build, migrates, and keeps every row.
+//! Databases written at earlier schema versions (1: before context
+//! envelopes, 2: before runs in flight, 3: before tool-call sessions) open
+//! with this build, migrate, and keep every row.
 
 use std::path::Path;
 
@@ -448,4 +449,119 @@ async fn a_v2_database_marks_its_finished_runs() {
         .await
         .unwrap();
     assert_eq!(o, warden_store::CreateRun::Created);
+}
+
+/// A version 3 database (before tool-call sessions) migrates to version 4:
+/// its rows are kept, the envelope table is shared with sessions (an id it
+/// holds is taken), and sessions are stored and survive reopening.
+#[tokio::test]
+async fn a_v3_database_takes_sessions() {
+    use warden_store::{CreateSession, SessionRecord, SessionState, SessionStatus};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("warden.db");
+    let old = EnvelopeRecord {
+        envelope_id: EnvelopeId::parse("env-old").unwrap(),
+        parent_envelope_id: None,
+        workflow_id: WorkflowId::parse("wf").unwrap(),
+        agent_id: agent_id("kid"),
+        labels: Default::default(),
+        aggregate_sensitivity: Sensitivity::Internal,
+        derived: Default::default(),
+        delegation_depth: 0,
+        restrictions: Default::default(),
+        version: 0,
+    };
+    {
+        let mut conn = Connection::open(&path).unwrap();
+        conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+        migrate(&mut conn, &path, 3).unwrap();
+        let tables: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_schema WHERE name LIKE '%session%'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(tables, 0, "only the migrations up to 3 ran");
+        conn.execute(
+            "INSERT INTO envelopes (envelope_id, version, workflow_id, agent_id, record) \
+             VALUES ('env-old', 0, 'wf', 'kid', ?1)",
+            [crate::codec::canonical_text(&old).unwrap()],
+        )
+        .unwrap();
+    }
+    let session = |name: &str, envelope: &str| SessionState {
+        session: SessionRecord {
+            session_id: warden_core::ids::SessionId::parse(name).unwrap(),
+            agent: agent_id("kid"),
+            opened_by: Subject::Operator,
+            created_at: Timestamp(9),
+            policy_version: "p3".into(),
+            status: SessionStatus::Open,
+            closure: None,
+            envelope_id: Some(EnvelopeId::parse(envelope).unwrap()),
+            plan: None,
+            imported: None,
+            trusted_inputs_hash: Digest::of(name.as_bytes()),
+            revision: 1,
+        },
+        sources: b"index".to_vec(),
+        calls: Vec::new(),
+    };
+    let fresh = |id: &str| EnvelopeRecord {
+        envelope_id: EnvelopeId::parse(id).unwrap(),
+        ..old.clone()
+    };
+    let store = SqliteStore::open_with(SqliteOptions::new(path.clone()))
+        .await
+        .unwrap();
+    {
+        let conn = Connection::open(&path).unwrap();
+        let version: i64 = conn
+            .query_row("SELECT schema_version FROM meta", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+    }
+    assert_eq!(
+        store
+            .get_envelope(old.envelope_id.clone(), None)
+            .await
+            .unwrap(),
+        Some(old.clone())
+    );
+    let err = store
+        .create_session(
+            session("s-clash", "env-old"),
+            Some(fresh("env-old")),
+            None,
+            Box::new(|_| vec![note(1)]),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, warden_store::StoreError::Duplicate { ref id, .. } if id == "env-old"),
+        "{err:?}"
+    );
+    let o = store
+        .create_session(
+            session("s-new", "env-new"),
+            Some(fresh("env-new")),
+            None,
+            Box::new(|_| vec![note(1)]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(o, CreateSession::Created);
+    drop(store);
+    let store = SqliteStore::open_with(SqliteOptions::new(path.clone()))
+        .await
+        .unwrap();
+    let id = warden_core::ids::SessionId::parse("s-new").unwrap();
+    assert_eq!(
+        store.get_session(id).await.unwrap(),
+        Some(session("s-new", "env-new"))
+    );
+    assert_eq!(store.list_sessions(None, 10).await.unwrap().len(), 1);
+    assert_eq!(store.verify_audit(None).await.unwrap().verified.count, 1);
 }

@@ -17,7 +17,7 @@ use crate::error::SqlResultExt;
 use crate::options::{OpenMode, SqliteOptions};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// `PRAGMA application_id` of a Warden database: ASCII `WRDN`. It marks the
 /// file as Warden's before any table is read (`file(1)` shows it too).
@@ -28,7 +28,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
 /// Each runs in the transaction that records its version; append only.
-const MIGRATIONS: &[&str] = &[V1, V2, V3];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
 
 const V1: &str = r#"
 CREATE TABLE meta (
@@ -210,6 +210,62 @@ WHERE EXISTS (SELECT 1 FROM run_steps s
    OR NOT EXISTS (SELECT 1 FROM run_steps s
                   WHERE s.run_id = runs.run_id AND s.status IS NULL);
 CREATE INDEX runs_in_flight ON runs (agent, created_at) WHERE finished_at IS NULL;
+"#;
+
+/// Tool-call sessions: the session rows, their calls, and every envelope
+/// import (so a replayed or downgraded envelope is refused after a restart
+/// too).
+const V4: &str = r#"
+-- One row per session, changed only by compare-and-set on `revision`
+-- (`UPDATE ... WHERE revision = :expected`, one revision at a time).
+-- `record` is the SessionRecord's canonical JSON (the other columns repeat
+-- parts of it for lookups), `sources` the serialised source index (keyed
+-- fingerprints, never tool output), `pos` the creation order.
+CREATE TABLE sessions (
+    session_id TEXT PRIMARY KEY,
+    pos        INTEGER NOT NULL UNIQUE,
+    agent      TEXT NOT NULL,
+    revision   INTEGER NOT NULL CHECK (revision >= 1),
+    created_at INTEGER NOT NULL,
+    record     TEXT NOT NULL, -- canonical JSON
+    sources    BLOB NOT NULL
+) STRICT;
+CREATE INDEX sessions_by_agent ON sessions (agent, pos);
+CREATE TRIGGER sessions_forward BEFORE UPDATE ON sessions
+WHEN NEW.revision IS NOT OLD.revision + 1
+  OR NEW.session_id IS NOT OLD.session_id
+  OR NEW.pos IS NOT OLD.pos
+BEGIN SELECT RAISE(ABORT, 'a session changes one revision at a time'); END;
+CREATE TRIGGER sessions_no_delete BEFORE DELETE ON sessions
+BEGIN SELECT RAISE(ABORT, 'sessions are kept'); END;
+
+-- The calls of each session, keyed by their id (a retried call replaces
+-- its row), read back by `seq`. `record` is the CallRecord's canonical JSON.
+CREATE TABLE session_calls (
+    session_id TEXT NOT NULL REFERENCES sessions (session_id),
+    call_id    TEXT NOT NULL,
+    seq        INTEGER NOT NULL CHECK (seq >= 0),
+    record     TEXT NOT NULL, -- canonical JSON
+    PRIMARY KEY (session_id, call_id)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX session_calls_by_seq ON session_calls (session_id, seq);
+CREATE TRIGGER session_calls_no_delete BEFORE DELETE ON session_calls
+BEGIN SELECT RAISE(ABORT, 'session calls are kept'); END;
+
+-- Every envelope a session was opened from, per issuer, envelope and
+-- version: a create decides a new import against these in its
+-- transaction. `record` is the EnvelopeImport's canonical JSON.
+CREATE TABLE envelope_imports (
+    issuer      TEXT NOT NULL,
+    envelope_id TEXT NOT NULL,
+    version     INTEGER NOT NULL CHECK (version >= 0),
+    record      TEXT NOT NULL, -- canonical JSON
+    PRIMARY KEY (issuer, envelope_id, version)
+) STRICT, WITHOUT ROWID;
+CREATE TRIGGER envelope_imports_no_update BEFORE UPDATE ON envelope_imports
+BEGIN SELECT RAISE(ABORT, 'envelope imports are kept as noted'); END;
+CREATE TRIGGER envelope_imports_no_delete BEFORE DELETE ON envelope_imports
+BEGIN SELECT RAISE(ABORT, 'envelope imports are kept as noted'); END;
 "#;
 
 /// What a file holds, found by reading only.

@@ -9,14 +9,15 @@ use warden_core::audit::{AuditDraft, AuditEntry, ChainHead};
 use warden_core::decision::Subject;
 use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::hierarchy::AgentStatus;
-use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
+use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, SessionId, StepId};
 use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 use warden_store::{
-    AuditFn, CreateRun, Delete, DeleteOutcome, Entity, EscalationRecord, EscalationResolution,
-    EscalationStatus, EscalationTarget, HeadAnchor, PutEnvelope, PutEscalation, PutOutcome,
-    RecordStep, ResolveEscalation, RunRecord, RunState, RunsInFlight, StepOutcome, StorageQuota,
-    Store, StoreError, StoredAgent, TokenRecord, Usage, VerifyError, VerifyReport,
+    AuditFn, CreateRun, CreateSession, Delete, DeleteOutcome, Entity, EnvelopeImport,
+    EscalationRecord, EscalationResolution, EscalationStatus, EscalationTarget, HeadAnchor,
+    PutEnvelope, PutEscalation, PutOutcome, RecordStep, ResolveEscalation, RunRecord, RunState,
+    RunsInFlight, SessionRecord, SessionState, SessionUpdate, StepOutcome, StorageQuota, Store,
+    StoreError, StoredAgent, TokenRecord, UpdateSession, Usage, VerifyError, VerifyReport,
 };
 
 use crate::audit::audit_page_in;
@@ -27,6 +28,7 @@ use crate::memory::{delete_in, put_in, usage_in};
 use crate::options::SqliteOptions;
 use crate::runs::{create_run_in, load_run, record_step_in};
 use crate::schema;
+use crate::sessions;
 use crate::writer::{Tx, Writer};
 
 /// Read connections, opened on demand and kept for reuse.
@@ -588,43 +590,45 @@ impl Store for SqliteStore {
 
     async fn create_session(
         &self,
-        _state: warden_store::SessionState,
-        _envelope: Option<warden_core::envelope::EnvelopeRecord>,
-        _import: Option<warden_store::EnvelopeImport>,
-        _audit: warden_store::AuditFn<warden_store::CreateSession>,
-    ) -> Result<warden_store::CreateSession, StoreError> {
-        Err(StoreError::backend(
-            "sessions: not yet stored by this backend",
-        ))
+        state: SessionState,
+        envelope: Option<EnvelopeRecord>,
+        import: Option<EnvelopeImport>,
+        audit: AuditFn<CreateSession>,
+    ) -> Result<CreateSession, StoreError> {
+        self.write(move |tx| sessions::create_session_in(tx, state, envelope, import, audit))
+            .await
     }
 
-    async fn get_session(
-        &self,
-        _session_id: warden_core::ids::SessionId,
-    ) -> Result<Option<warden_store::SessionState>, StoreError> {
-        Err(StoreError::backend(
-            "sessions: not yet stored by this backend",
-        ))
+    async fn get_session(&self, session_id: SessionId) -> Result<Option<SessionState>, StoreError> {
+        self.read(move |conn| {
+            // The row and its calls from one snapshot.
+            let tx = conn.transaction().store()?;
+            let state = sessions::load_session(&tx, &session_id)?;
+            tx.finish().store()?;
+            Ok(state)
+        })
+        .await
     }
 
     async fn update_session(
         &self,
-        _update: warden_store::SessionUpdate,
-        _expected_revision: u64,
-        _audit: warden_store::AuditFn<warden_store::UpdateSession>,
-    ) -> Result<warden_store::UpdateSession, StoreError> {
-        Err(StoreError::backend(
-            "sessions: not yet stored by this backend",
-        ))
+        update: SessionUpdate,
+        expected_revision: u64,
+        audit: AuditFn<UpdateSession>,
+    ) -> Result<UpdateSession, StoreError> {
+        self.write(move |tx| sessions::update_session_in(tx, update, expected_revision, audit))
+            .await
     }
 
     async fn list_sessions(
         &self,
-        _agent: Option<warden_core::ids::AgentId>,
-        _limit: usize,
-    ) -> Result<Vec<warden_store::SessionRecord>, StoreError> {
-        Err(StoreError::backend(
-            "sessions: not yet stored by this backend",
-        ))
+        agent: Option<AgentId>,
+        limit: usize,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.read(move |conn| sessions::list_sessions_in(conn, agent.as_ref(), limit))
+            .await
     }
 }

@@ -29,8 +29,8 @@
 //! (with `macros` and `rt-multi-thread`) among its dev-dependencies.
 //!
 //! The checks live in one module per area: [`agents`], [`tokens`],
-//! [`memory`], [`audit`], [`runs`], [`quotas`], [`envelopes`] and
-//! [`escalations`].
+//! [`memory`], [`audit`], [`runs`], [`quotas`], [`envelopes`],
+//! [`escalations`] and [`sessions`].
 //!
 //! What the suite pins down, for every backend alike:
 //!
@@ -45,6 +45,10 @@
 //! - storage quotas and runs in flight, exact under concurrency;
 //! - envelope versions (compare-and-set on the latest) and the escalation
 //!   lifecycle (one open per target, resolved once, consumed once);
+//! - tool-call sessions: creation with the first envelope version and the
+//!   import check (replay, downgrade) in one transaction, compare-and-set
+//!   updates with calls upserted by id, listing, and races of creators,
+//!   updaters and importers (exactly one wins each);
 //! - failed operations (errors, not outcomes) change nothing and append
 //!   nothing.
 #![allow(
@@ -134,6 +138,16 @@ macro_rules! __conformance_tests {
             runs_in_flight_concurrent,
             envelope_versions,
             escalation_lifecycle,
+            sessions_create_and_get,
+            sessions_existing_and_duplicate_envelope,
+            sessions_update_compare_and_set,
+            sessions_call_upsert,
+            sessions_audit_follows_outcome,
+            sessions_import_rules,
+            sessions_race_create,
+            sessions_race_update,
+            sessions_race_import,
+            sessions_list,
         );
     };
     (@required ($factory:expr); $($check:ident),* $(,)?) => {
@@ -204,6 +218,16 @@ where
     runs_in_flight_concurrent(factory().await).await;
     envelope_versions(factory().await).await;
     escalation_lifecycle(factory().await).await;
+    sessions_create_and_get(factory().await).await;
+    sessions_existing_and_duplicate_envelope(factory().await).await;
+    sessions_update_compare_and_set(factory().await).await;
+    sessions_call_upsert(factory().await).await;
+    sessions_audit_follows_outcome(factory().await).await;
+    sessions_import_rules(factory().await).await;
+    sessions_race_create(factory().await).await;
+    sessions_race_update(factory().await).await;
+    sessions_race_import(factory().await).await;
+    sessions_list(factory().await).await;
 }
 
 pub mod agents;
@@ -213,6 +237,7 @@ pub mod escalations;
 pub mod memory;
 pub mod quotas;
 pub mod runs;
+pub mod sessions;
 pub mod tokens;
 
 pub use agents::*;
@@ -220,6 +245,7 @@ pub use audit::*;
 pub use memory::*;
 pub use quotas::*;
 pub use runs::*;
+pub use sessions::*;
 pub use tokens::*;
 
 pub use envelopes::Failure;
