@@ -44,6 +44,23 @@
 //!   one statement, so each happens exactly once; a trigger refuses any
 //!   other transition. Every outcome's audit entries (conflicts, "already
 //!   open", "not pending" included) commit in the same transaction.
+//! - **Tool-call sessions are decided the same way.**
+//!   [`create_session`](warden_store::Store::create_session) inserts the
+//!   session row with `ON CONFLICT DO NOTHING` (of creators of one id on
+//!   any servers, exactly one inserts; the others find it, `Existing`), its
+//!   first envelope version through `envelope_heads` as `put_envelope`
+//!   does, and the note of an imported envelope in `envelope_imports`. The
+//!   import is decided by `warden_store::decide_import` against the
+//!   earlier notes of its `(issuer, envelope_id)`, read after taking a
+//!   transaction-scoped advisory lock on that pair, so of two servers
+//!   importing one envelope at once the second decides after the first
+//!   commits: a replayed version opens one session only, and a downgrade
+//!   is refused whatever the interleaving.
+//!   [`update_session`](warden_store::Store::update_session) is one
+//!   conditional statement, `UPDATE sessions ... WHERE session_id = $1 AND
+//!   revision = $expected` (zero rows: `Conflict { current }`), then the
+//!   call's upsert by `(session_id, call_id)`, in one transaction with its
+//!   audit entries.
 //! - **One audit chain, one total order.** The `audit_head` table has one
 //!   row, `(seq, hash)`. Every transaction that appends to the log (and
 //!   every one that records a [`Change`]) locks that row with `SELECT ...
@@ -169,7 +186,10 @@
 //! step; an outcome is set once with `UPDATE ... WHERE status IS NULL`),
 //! `changes`, and (schema version 2) `envelopes` with `envelope_heads`,
 //! `escalations`, and the `envelope_id` columns of `agents` and `runs`;
-//! (schema version 3) `runs.finished_at` with a partial index.
+//! (schema version 3) `runs.finished_at` with a partial index; (schema
+//! version 4) `sessions` (the session row with its serialised source
+//! index), `session_calls` (primary key `(session_id, call_id)`) and
+//! `envelope_imports` (primary key `(issuer, envelope_id, version)`).
 //! A version 1 database is migrated in place on connect, its rows kept
 //! (agents and runs made before have no envelope). JSON values are stored as the exact text serde_json
 //! writes, so values, audit details and hashes round-trip exactly.
@@ -201,6 +221,7 @@ mod memory;
 mod pool;
 mod runs;
 mod schema;
+mod sessions;
 mod sql;
 mod store;
 mod store_impl;

@@ -15,7 +15,7 @@ use warden_store::StoreError;
 use crate::error::DbResult;
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Every migration, in order: `(version it produces, SQL)`.
 ///
@@ -23,10 +23,13 @@ pub const SCHEMA_VERSION: i64 = 3;
 /// - 2: context envelopes (`envelopes`, `envelope_heads`), the escalation
 ///   queue (`escalations`), and `envelope_id` on agents and runs.
 /// - 3: `finished_at` on runs (runs in flight), with its partial index.
+/// - 4: tool-call sessions (`sessions`, `session_calls`) and the envelope
+///   imports they were opened from (`envelope_imports`).
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("migrations/0001_initial.sql")),
     (2, include_str!("migrations/0002_context.sql")),
     (3, include_str!("migrations/0003_runs_in_flight.sql")),
+    (4, include_str!("migrations/0004_sessions.sql")),
 ];
 
 /// First key of the migration advisory lock ("Ward").
@@ -97,7 +100,8 @@ pub(crate) async fn migrate(
             .query_one(
                 "SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = $1 \
                  AND tablename IN ('agents', 'tokens', 'memory', 'audit_log', 'audit_head', \
-                 'runs', 'run_steps', 'changes', 'envelopes', 'envelope_heads', 'escalations')",
+                 'runs', 'run_steps', 'changes', 'envelopes', 'envelope_heads', 'escalations', \
+                 'sessions', 'session_calls', 'envelope_imports')",
                 &[&schema],
             )
             .await

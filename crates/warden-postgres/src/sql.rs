@@ -174,3 +174,53 @@ pub const CONSUME_ESCALATION: &str = concat!(
      WHERE target = $1 AND status = 'approved' RETURNING ",
     escalation_cols!()
 );
+
+/// The columns `sessions::session_out` decodes.
+macro_rules! session_cols {
+    () => {
+        "session_id, agent, revision, created_at, record"
+    };
+}
+/// Zero rows: a session with this id exists (or is being created by a
+/// transaction that then commits).
+pub const INSERT_SESSION: &str = "INSERT INTO sessions \
+     (session_id, agent, revision, created_at, record, sources) \
+     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (session_id) DO NOTHING";
+/// The session row, held `FOR SHARE` until the transaction ends so that
+/// its calls, read next, belong to the same revision.
+pub const LOCK_SESSION: &str = concat!(
+    "SELECT ",
+    session_cols!(),
+    ", sources FROM sessions WHERE session_id = $1 FOR SHARE"
+);
+pub const GET_SESSION: &str = concat!(
+    "SELECT ",
+    session_cols!(),
+    ", sources FROM sessions WHERE session_id = $1"
+);
+pub const SESSION_CALLS: &str = "SELECT call_id, seq, record FROM session_calls \
+     WHERE session_id = $1 ORDER BY seq, call_id";
+pub const SESSION_REVISION: &str = "SELECT revision FROM sessions WHERE session_id = $1";
+/// The compare-and-set: zero rows means the stored revision is not `$7`
+/// (or there is no such session). `$6` NULL keeps the source index.
+pub const UPDATE_SESSION: &str = "UPDATE sessions SET agent = $2, revision = $3, \
+     created_at = $4, record = $5, sources = coalesce($6, sources) \
+     WHERE session_id = $1 AND revision = $7";
+pub const UPSERT_CALL: &str = "INSERT INTO session_calls (session_id, call_id, seq, record) \
+     VALUES ($1, $2, $3, $4) ON CONFLICT (session_id, call_id) \
+     DO UPDATE SET seq = EXCLUDED.seq, record = EXCLUDED.record";
+pub const LIST_SESSIONS: &str = concat!(
+    "SELECT ",
+    session_cols!(),
+    " FROM sessions WHERE $1::text IS NULL OR agent = $1 ORDER BY ord LIMIT $2"
+);
+/// Serialises the imports of one `($2 issuer, $3 envelope id)` until
+/// commit, on every server (`$1` the lock class).
+pub const IMPORT_LOCK: &str =
+    "SELECT pg_advisory_xact_lock($1::int, hashtext($2::text || chr(10) || $3::text))";
+pub const EARLIER_IMPORTS: &str = "SELECT version, record FROM envelope_imports \
+     WHERE issuer = $1 AND envelope_id = $2";
+/// Zero rows: this version was noted already.
+pub const INSERT_IMPORT: &str = "INSERT INTO envelope_imports \
+     (issuer, envelope_id, version, record) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING";
+pub const ENVELOPE_EXISTS: &str = "SELECT 1 FROM envelope_heads WHERE envelope_id = $1";

@@ -7,14 +7,15 @@ use warden_core::audit::{AuditDraft, AuditEntry, ChainHead, Digest};
 use warden_core::decision::Subject;
 use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::hierarchy::AgentStatus;
-use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, StepId};
+use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, SessionId, StepId};
 use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 use warden_store::{
-    AuditFn, CreateRun, Delete, DeleteOutcome, EscalationRecord, EscalationResolution,
-    EscalationStatus, EscalationTarget, PutEnvelope, PutEscalation, PutOutcome, RecordStep,
-    ResolveEscalation, RunRecord, RunState, RunsInFlight, StepOutcome, StorageQuota, Store,
-    StoreError, StoredAgent, TokenRecord, Usage,
+    AuditFn, CreateRun, CreateSession, Delete, DeleteOutcome, EnvelopeImport, EscalationRecord,
+    EscalationResolution, EscalationStatus, EscalationTarget, PutEnvelope, PutEscalation,
+    PutOutcome, RecordStep, ResolveEscalation, RunRecord, RunState, RunsInFlight, SessionRecord,
+    SessionState, SessionUpdate, StepOutcome, StorageQuota, Store, StoreError, StoredAgent,
+    TokenRecord, UpdateSession, Usage,
 };
 
 use crate::store::PgStore;
@@ -197,43 +198,32 @@ impl Store for PgStore {
 
     async fn create_session(
         &self,
-        _state: warden_store::SessionState,
-        _envelope: Option<warden_core::envelope::EnvelopeRecord>,
-        _import: Option<warden_store::EnvelopeImport>,
-        _audit: warden_store::AuditFn<warden_store::CreateSession>,
-    ) -> Result<warden_store::CreateSession, StoreError> {
-        Err(StoreError::backend(
-            "sessions: not yet stored by this backend",
-        ))
+        state: SessionState,
+        envelope: Option<EnvelopeRecord>,
+        import: Option<EnvelopeImport>,
+        audit: AuditFn<CreateSession>,
+    ) -> Result<CreateSession, StoreError> {
+        crate::sessions::create_session(self, state, envelope, import, audit).await
     }
 
-    async fn get_session(
-        &self,
-        _session_id: warden_core::ids::SessionId,
-    ) -> Result<Option<warden_store::SessionState>, StoreError> {
-        Err(StoreError::backend(
-            "sessions: not yet stored by this backend",
-        ))
+    async fn get_session(&self, session_id: SessionId) -> Result<Option<SessionState>, StoreError> {
+        crate::sessions::get_session(self, session_id).await
     }
 
     async fn update_session(
         &self,
-        _update: warden_store::SessionUpdate,
-        _expected_revision: u64,
-        _audit: warden_store::AuditFn<warden_store::UpdateSession>,
-    ) -> Result<warden_store::UpdateSession, StoreError> {
-        Err(StoreError::backend(
-            "sessions: not yet stored by this backend",
-        ))
+        update: SessionUpdate,
+        expected_revision: u64,
+        audit: AuditFn<UpdateSession>,
+    ) -> Result<UpdateSession, StoreError> {
+        crate::sessions::update_session(self, update, expected_revision, audit).await
     }
 
     async fn list_sessions(
         &self,
-        _agent: Option<warden_core::ids::AgentId>,
-        _limit: usize,
-    ) -> Result<Vec<warden_store::SessionRecord>, StoreError> {
-        Err(StoreError::backend(
-            "sessions: not yet stored by this backend",
-        ))
+        agent: Option<AgentId>,
+        limit: usize,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        crate::sessions::list_sessions(self, agent, limit).await
     }
 }

@@ -24,6 +24,7 @@ mod crash;
 mod migrations;
 mod quotas;
 mod runs;
+mod sessions;
 
 /// The shared storage suite (`warden_store::conformance`), one test per
 /// check, each on a fresh schema; skipped without the database URL.

@@ -8,8 +8,9 @@ use warden_store::{Store, StoreError};
 
 use crate::support::*;
 
-/// Tables of a current schema: version 1's nine and version 2's three.
-const TABLES: i64 = 12;
+/// Tables of a current schema: version 1's nine, version 2's three and
+/// version 4's three.
+const TABLES: i64 = 15;
 
 async fn count_tables(sql: &tokio_postgres::Client, schema: &str) -> i64 {
     sql.query_one(
@@ -419,4 +420,115 @@ async fn a_version_2_database_marks_its_finished_runs() {
         .await
         .unwrap();
     assert_eq!(o, CreateRun::Created);
+}
+
+/// The version 3 schema, exactly as a version 3 build created it.
+const V3_SQL: &str = include_str!("../../src/migrations/0003_runs_in_flight.sql");
+
+/// A database at version 3 (before tool-call sessions) migrates to version
+/// 4 on connect: its envelopes are kept and shared with sessions (an id it
+/// holds is taken), and sessions are stored and read back after a
+/// reconnect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_3_database_takes_sessions() {
+    use warden_core::audit::Digest;
+    use warden_core::decision::Subject;
+    use warden_core::envelope::EnvelopeId;
+    use warden_core::ids::SessionId;
+    use warden_store::{CreateSession, SessionRecord, SessionState, SessionStatus};
+
+    let scratch = scratch_or_skip!();
+    let raw = raw_client(&scratch.url).await;
+    raw.batch_execute(&format!("CREATE SCHEMA \"{}\"", scratch.schema))
+        .await
+        .unwrap();
+    let sql = scratch.client().await;
+    for migration in [V1_SQL, V2_SQL, V3_SQL] {
+        sql.batch_execute(migration).await.unwrap();
+    }
+    let old = r#"{"envelope_id":"env-old","parent_envelope_id":null,"workflow_id":"wf","agent_id":"kid","labels":[],"aggregate_sensitivity":"internal","derived":[],"delegation_depth":0,"restrictions":[],"version":0}"#;
+    sql.execute("INSERT INTO warden_meta (schema_version) VALUES (3)", &[])
+        .await
+        .unwrap();
+    sql.execute(
+        "INSERT INTO envelope_heads (envelope_id, version) VALUES ('env-old', 0)",
+        &[],
+    )
+    .await
+    .unwrap();
+    sql.execute(
+        "INSERT INTO envelopes (envelope_id, version, record) VALUES ('env-old', 0, $1)",
+        &[&old],
+    )
+    .await
+    .unwrap();
+    let store = scratch.store().await;
+    let version: i64 = sql
+        .query_one("SELECT schema_version FROM warden_meta", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, SCHEMA_VERSION);
+    assert_eq!(count_tables(&sql, &scratch.schema).await, TABLES);
+    let kept = store
+        .get_envelope(EnvelopeId::parse("env-old").unwrap(), None)
+        .await
+        .unwrap()
+        .unwrap();
+    let state = |name: &str, envelope: &str| SessionState {
+        session: SessionRecord {
+            session_id: SessionId::parse(name).unwrap(),
+            agent: id("kid"),
+            opened_by: Subject::Operator,
+            created_at: Timestamp(9),
+            policy_version: "p3".into(),
+            status: SessionStatus::Open,
+            closure: None,
+            envelope_id: Some(EnvelopeId::parse(envelope).unwrap()),
+            plan: None,
+            imported: None,
+            trusted_inputs_hash: Digest::of(name.as_bytes()),
+            revision: 1,
+        },
+        sources: b"index".to_vec(),
+        calls: Vec::new(),
+    };
+    let err = store
+        .create_session(
+            state("s-clash", "env-old"),
+            Some(kept.clone()),
+            None,
+            Box::new(|_| vec![numbered(1)]),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Duplicate { ref id, .. } if id == "env-old"),
+        "{err:?}"
+    );
+    let fresh = warden_core::envelope::EnvelopeRecord {
+        envelope_id: EnvelopeId::parse("env-new").unwrap(),
+        ..kept
+    };
+    let o = store
+        .create_session(
+            state("s-new", "env-new"),
+            Some(fresh),
+            None,
+            Box::new(|_| vec![numbered(1)]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(o, CreateSession::Created);
+    drop(store);
+    let store = scratch.store().await;
+    assert_eq!(
+        store
+            .get_session(SessionId::parse("s-new").unwrap())
+            .await
+            .unwrap(),
+        Some(state("s-new", "env-new"))
+    );
+    assert_eq!(store.list_sessions(None, 10).await.unwrap().len(), 1);
+    assert_chain(&store).await;
 }

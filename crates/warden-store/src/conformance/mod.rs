@@ -147,6 +147,7 @@ macro_rules! __conformance_tests {
             sessions_race_create,
             sessions_race_update,
             sessions_race_import,
+            sessions_race_import_versions,
             sessions_list,
         );
     };
@@ -227,6 +228,7 @@ where
     sessions_race_create(factory().await).await;
     sessions_race_update(factory().await).await;
     sessions_race_import(factory().await).await;
+    sessions_race_import_versions(factory().await).await;
     sessions_list(factory().await).await;
 }
 

@@ -1,5 +1,9 @@
 //! Races of session writers: creators of one session id, updaters at one
-//! revision, importers of one envelope version. Exactly one wins each.
+//! revision, importers of one envelope version (exactly one wins each), and
+//! importers of many versions of one envelope (decided one after the
+//! other).
+
+use std::collections::BTreeSet;
 
 use super::super::*;
 use super::fixtures::*;
@@ -190,5 +194,79 @@ pub async fn sessions_race_import<S: Store>(store: S) {
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].session_id, winner);
     assert_eq!(head_count(&*store).await, RACE_WRITERS as u64);
+    assert_chain(&*store).await;
+}
+
+/// [`RACE_WRITERS`] sessions opened at once from as many versions of one
+/// envelope: the imports are decided one after the other, in the order
+/// their audit entries commit. The versions created rise in that order,
+/// and every other one is a downgrade below a version created before it.
+pub async fn sessions_race_import_versions<S: Store>(store: S) {
+    let store = Arc::new(store);
+    let barrier = Arc::new(tokio::sync::Barrier::new(RACE_WRITERS));
+    let mut tasks = Vec::new();
+    for i in 0..RACE_WRITERS {
+        let (store, barrier) = (Arc::clone(&store), Arc::clone(&barrier));
+        tasks.push(tokio::spawn(async move {
+            let version = 1 + i as u64;
+            let session = format!("s-ver-{version}");
+            let imp = import(
+                "issuer-a",
+                "env-versions",
+                version,
+                &["no_export"],
+                &session,
+            );
+            let mut st = state(bare(&session, "agent-a", 1), b"");
+            st.session.imported = Some(imp.clone());
+            barrier.wait().await;
+            let o = store
+                .create_session(st, None, Some(imp), create_audit(version))
+                .await
+                .unwrap();
+            (version, o)
+        }));
+    }
+    let mut created = BTreeSet::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            (v, CreateSession::Created) => {
+                created.insert(v);
+            }
+            (v, CreateSession::ImportRefused(ImportRefusal::Downgraded { seen_version })) => {
+                assert!(seen_version > v, "{v} refused against {seen_version}");
+            }
+            (v, other) => panic!("version {v}: {other:?}"),
+        }
+    }
+    assert!(
+        created.contains(&(RACE_WRITERS as u64)),
+        "the highest version opens"
+    );
+    let mut latest = 0;
+    let mut in_order = BTreeSet::new();
+    for e in audit_all(&*store).await {
+        let v = e.draft.details["tag"].as_u64().unwrap();
+        if e.draft.reason == "session_opened" {
+            assert!(v > latest, "version {v} created after {latest}");
+            latest = v;
+            in_order.insert(v);
+        } else {
+            assert_eq!(e.draft.reason, "envelope_downgraded");
+            assert!(
+                v < latest,
+                "version {v} refused while the latest was {latest}"
+            );
+        }
+    }
+    assert_eq!(in_order, created);
+    let listed: BTreeSet<u64> = store
+        .list_sessions(None, 100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|s| s.imported.as_ref().unwrap().version)
+        .collect();
+    assert_eq!(listed, created);
     assert_chain(&*store).await;
 }
