@@ -28,7 +28,7 @@ use serde_json::{Value, json};
 use warden::{CallResult, Caller, Engine, ManualClock, OpenSession, ProposedCall};
 use warden_core::ids::{AgentId, CallId, SessionId};
 use warden_core::time::Timestamp;
-use warden_store::{MemoryStore, Store};
+use warden_store::MemoryStore;
 
 /// The in-memory store, shared by the warm and the cold engine.
 #[derive(Clone, Default)]
@@ -102,7 +102,10 @@ async fn setup() -> (Engine<Shared>, SessionId, String) {
         .unwrap();
     let list = transactions(200);
     let recipient = list[150]["recipient"].as_str().unwrap().to_owned();
-    let results = [("t", "get_transactions", list), ("f", "read_file", text(32 * 1024))];
+    let results = [
+        ("t", "get_transactions", list),
+        ("f", "read_file", text(32 * 1024)),
+    ];
     for (call_id, action, result) in results {
         let id = CallId::parse(call_id).unwrap();
         engine
@@ -136,7 +139,9 @@ async fn setup() -> (Engine<Shared>, SessionId, String) {
 }
 
 fn bench(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     let (engine, s, recipient) = rt.block_on(setup());
     let caller = Caller::Agent(AgentId::parse("agent").unwrap());
     let n = AtomicU64::new(0);
@@ -175,7 +180,12 @@ fn bench(c: &mut Criterion) {
         )
     });
     let policy = warden_core::bundle::compile(POLICY).unwrap();
-    let rules = policy.catalogue.by_name("send_money").unwrap().provenance().clone();
+    let rules = policy
+        .catalogue
+        .by_name("send_money")
+        .unwrap()
+        .provenance()
+        .clone();
     let state = rt.block_on(engine.session_sources(&caller, &s)).unwrap();
     let args = json!({"recipient": recipient, "amount": 10});
     c.bench_function("core/provenance/64KiB", |b| {

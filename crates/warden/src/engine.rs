@@ -62,9 +62,13 @@ pub mod ops {
     pub const TOKEN_REVOKE: &str = "token.revoke";
     /// An agent's view read.
     pub const AGENT_READ: &str = "agent.read";
+    /// Opening a tool-call session.
     pub const SESSION_OPEN: &str = "session.open";
+    /// Deciding one call of a session.
     pub const SESSION_CALL: &str = "session.call";
+    /// Recording a call's result.
     pub const SESSION_RESULT: &str = "session.result";
+    /// Cancelling a session.
     pub const SESSION_CANCEL: &str = "session.cancel";
     /// A run's envelope read.
     pub const CONTEXT_READ: &str = "context.read";

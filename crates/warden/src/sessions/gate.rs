@@ -33,7 +33,9 @@ use warden_store::{
 
 use super::session_reasons as sr;
 use super::{CallAnswer, MAX_ARGUMENT_BYTES, MAX_CALLS, MAX_SESSION_ATTEMPTS, digest_of};
-use crate::engine::{Caller, Engine, capability_reason, engine_reasons as er, ops, random_id};
+use warden_core::preflight::{PreflightContext, check_call};
+
+use crate::engine::{Caller, Engine, engine_reasons as er, ops, random_id};
 use crate::error::{ConflictKind, EngineError};
 
 /// A call an agent proposes.
@@ -179,7 +181,9 @@ impl<S: Store> Engine<S> {
                     });
                 }
                 if existing.status != CallStatus::Escalated {
-                    return self.replay_call(caller, existing.clone(), resource, now).await;
+                    return self
+                        .replay_call(caller, existing.clone(), resource, now)
+                        .await;
                 }
             }
             let index = self.restore_index(&state)?;
@@ -223,8 +227,14 @@ impl<S: Store> Engine<S> {
                 Verdict::Escalate => CallStatus::Escalated,
                 Verdict::Deny => CallStatus::Denied,
             };
-            let mut decision =
-                self.decision(caller, a.verdict, a.reason.clone(), ops::SESSION_CALL, resource.clone(), now);
+            let mut decision = self.decision(
+                caller,
+                a.verdict,
+                a.reason.clone(),
+                ops::SESSION_CALL,
+                resource.clone(),
+                now,
+            );
             decision.obligations.clone_from(&a.obligations);
             let detail = json!({
                 "reasons": Self::reason_list(&a.reasons),
@@ -392,22 +402,23 @@ impl<S: Store> Engine<S> {
             v.add(Verdict::Deny, sr::SESSION_CALL_LIMIT);
         }
         let policy = self.policy();
-        let capability = {
-            let st = self.read_state()?;
-            capability_reason(&st.hierarchy, policy, actor, &call.action)
-        };
-        if capability != reasons::CAPABILITY_GRANTED {
-            v.add(Verdict::Deny, capability);
-        }
-        let compiled = policy
-            .catalogue
-            .index_of(&call.action)
-            .and_then(|i| policy.catalogue.get(i).map(|c| (i, c)));
-        if let Some((i, _)) = compiled {
-            for r in policy.catalogue.check_argument_value(i, &call.arguments) {
-                v.add(Verdict::Deny, r);
+        // The static checks a step of an SOP gets (capability, schema,
+        // argument rules, memory arguments), on the concrete call.
+        match ActionName::parse(&call.action) {
+            Err(_) => v.add(Verdict::Deny, reasons::UNKNOWN_ACTION),
+            Ok(action) => {
+                let st = self.read_state()?;
+                let ctx = PreflightContext {
+                    hierarchy: &st.hierarchy,
+                    catalogue: &policy.catalogue,
+                    policy_version: &policy.version,
+                };
+                for r in check_call(&ctx, actor, &action, &call.arguments) {
+                    v.add(Verdict::Deny, r);
+                }
             }
         }
+        let compiled = policy.catalogue.by_name(&call.action);
         // The plan.
         let mut plan_step = None;
         let mut exempt: Vec<String> = Vec::new();
@@ -467,7 +478,7 @@ impl<S: Store> Engine<S> {
         }
         // Provenance of every guarded value.
         let mut provenance = Vec::new();
-        if let Some((_, action)) = compiled {
+        if let Some(action) = compiled {
             let rules = action.provenance();
             let pd = rules.decide_except(&call.arguments, index, &exempt);
             for arg in &pd.arguments {

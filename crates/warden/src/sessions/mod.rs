@@ -167,7 +167,10 @@ impl<S: Store> Engine<S> {
     }
 
     /// The fingerprint key of a session.
-    pub(crate) fn session_key(&self, session_id: &SessionId) -> Result<FingerprintKey, EngineError> {
+    pub(crate) fn session_key(
+        &self,
+        session_id: &SessionId,
+    ) -> Result<FingerprintKey, EngineError> {
         let secret = self
             .inner
             .provenance_secret

@@ -178,7 +178,14 @@ impl<S: Store> Engine<S> {
         // A repeated request finds the session it opened.
         if let Some(existing) = self.inner.store.get_session(session_id.clone()).await? {
             return self
-                .reopen(caller, existing, &agent, trusted_inputs_hash, plan_hash, now)
+                .reopen(
+                    caller,
+                    existing,
+                    &agent,
+                    trusted_inputs_hash,
+                    plan_hash,
+                    now,
+                )
                 .await;
         }
         // The envelope: imported, inherited or new.
@@ -291,8 +298,15 @@ impl<S: Store> Engine<S> {
                 })
             }
             CreateSession::Existing(existing) => {
-                self.reopen(caller, *existing, &agent, trusted_inputs_hash, plan_hash, now)
-                    .await
+                self.reopen(
+                    caller,
+                    *existing,
+                    &agent,
+                    trusted_inputs_hash,
+                    plan_hash,
+                    now,
+                )
+                .await
             }
             CreateSession::ImportRefused(r) => {
                 let reason = match r {
@@ -364,7 +378,14 @@ impl<S: Store> Engine<S> {
         imported: Option<SignedEnvelope>,
         now: warden_core::time::Timestamp,
     ) -> Result<
-        Result<(Option<EnvelopeRecord>, Option<EnvelopeImport>, Option<AuditDraft>), (Reason, Value)>,
+        Result<
+            (
+                Option<EnvelopeRecord>,
+                Option<EnvelopeImport>,
+                Option<AuditDraft>,
+            ),
+            (Reason, Value),
+        >,
         EngineError,
     > {
         let Some(policy) = self.context_policy() else {
@@ -450,8 +471,14 @@ impl<S: Store> Engine<S> {
 
     /// Every reason the plan's preflight refuses (empty: admitted).
     fn plan_preflight(&self, agent: &AgentId, plan: &Plan) -> Result<Vec<Reason>, EngineError> {
-        let sop = warden_core::plan::plan_preflight_sop(plan);
-        let preflight = self.preflight(agent, &sop)?;
+        let now = self.now();
+        let state = self.read_state()?;
+        let ctx = warden_core::preflight::PreflightContext {
+            hierarchy: &state.hierarchy,
+            catalogue: &self.policy().catalogue,
+            policy_version: &self.policy().version,
+        };
+        let preflight = warden_core::plan::admit_plan(&ctx, agent, plan, None, now);
         let mut out = Vec::new();
         for step in preflight.rejected() {
             for r in &step.violations {

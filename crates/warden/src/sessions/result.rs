@@ -1,10 +1,10 @@
 //! Recording what a call's tool returned, and cancelling a session.
 
 use serde_json::{Value, json};
+use std::sync::Arc;
 use warden_core::decision::{Subject, Verdict};
 use warden_core::envelope::{ContextGate as CoreGate, EnvelopeError};
 use warden_core::ids::{CallId, Label, SessionId};
-use std::sync::Arc;
 
 use warden_core::provenance::{OutputTrust, SourceId, SourceIndex};
 use warden_store::{

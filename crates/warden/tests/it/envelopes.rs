@@ -1961,6 +1961,7 @@ fn random_delegation_trees() {
                 let name = format!("c{n}");
                 let options = DelegationOptions {
                     from_run: d.from_run.then(|| rid(&parent_run)),
+                    from_session: None,
                     zone: d.external.then_some(TrustZone::External),
                     restrictions: ls(&d.declared),
                     redact_labels: d.redact,
