@@ -645,3 +645,164 @@ async fn a_plan_binds_calls_to_its_steps() {
             .is_none()
     );
 }
+
+mod imported {
+    //! Sessions opened from an envelope signed by another deployment.
+
+    use base64::Engine as _;
+    use warden_core::envelope::sign::{SigningKey, sign};
+    use warden_core::envelope::{Envelope, EnvelopeId, IssuerId, WorkflowId};
+    use warden_core::ids::Label;
+
+    use super::*;
+
+    const KEY: [u8; 32] = [7u8; 32];
+
+    fn policy() -> String {
+        let public = SigningKey::from_bytes(&KEY).verifying_key();
+        let b64 = base64::engine::general_purpose::STANDARD.encode(public.to_bytes());
+        format!(
+            "{SESSION_POLICY}\ncontext:\n  labels:\n    finance: confidential\n  restrictions:\n    no_payments: {{denies_tags: [state_changing]}}\ntrusted_issuers:\n  partner: \"{b64}\"\n"
+        )
+    }
+
+    async fn engine() -> Engine<Shared> {
+        Engine::open(
+            warden_core::bundle::compile(&policy()).unwrap(),
+            Shared::default(),
+            Arc::new(ManualClock::new(Timestamp(1_700_000_000_000))),
+        )
+        .await
+        .unwrap()
+    }
+
+    /// An envelope of the partner's, at `version`, with `restrictions`.
+    fn token(
+        engine: &Engine<Shared>,
+        version: u64,
+        restrictions: &[&str],
+        key: &[u8; 32],
+    ) -> warden_core::envelope::sign::SignedEnvelope {
+        let cp = engine.policy().context.as_ref().unwrap();
+        let root = Envelope::root(
+            cp,
+            EnvelopeId::parse("partner-env").unwrap(),
+            WorkflowId::parse("partner-wf").unwrap(),
+            id("remote"),
+        );
+        let mut record = root.to_record();
+        record.version = version;
+        record.restrictions = restrictions
+            .iter()
+            .map(|r| Label::parse(r).unwrap())
+            .collect();
+        sign(
+            &record,
+            &IssuerId::parse("partner").unwrap(),
+            &SigningKey::from_bytes(key),
+        )
+        .unwrap()
+    }
+
+    async fn open_from(
+        engine: &Engine<Shared>,
+        session: &str,
+        t: warden_core::envelope::sign::SignedEnvelope,
+    ) -> SessionOpening {
+        engine
+            .open_session(
+                &agent(),
+                OpenSession {
+                    session_id: Some(sid(session)),
+                    trusted_inputs: vec![json!(format!("pay {LANDLORD}"))],
+                    from_envelope: Some(t),
+                    ..OpenSession::default()
+                },
+            )
+            .await
+            .unwrap()
+    }
+
+    fn refused_reason(o: &SessionOpening) -> String {
+        match o {
+            SessionOpening::Refused {
+                decision,
+                refusal: SessionRefusal::Import,
+            } => decision.reason.to_string(),
+            other => panic!("not refused for its import: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn imported_restrictions_bind_and_forged_replayed_downgraded_are_refused() {
+        let engine = engine().await;
+        // A genuine envelope: its restriction binds the session's calls.
+        let opened = open_from(&engine, "i1", token(&engine, 3, &["no_payments"], &KEY)).await;
+        assert!(
+            matches!(opened, SessionOpening::Opened { .. }),
+            "{opened:?}"
+        );
+        let pay = call(
+            &engine,
+            &sid("i1"),
+            "c0",
+            "send_money",
+            json!({"recipient": LANDLORD, "amount": 5}),
+        )
+        .await;
+        assert_eq!(pay.call.verdict, Verdict::Deny);
+        assert_eq!(pay.call.reason.to_string(), "restricted_by:no_payments");
+        let view = engine.session(&agent(), &sid("i1")).await.unwrap();
+        assert_eq!(
+            view.state.session.imported.as_ref().unwrap().issuer,
+            "partner"
+        );
+        let audit_len = log(&engine).await.len();
+        // Forged (another key), replayed (same version), downgraded (a lower
+        // version; a higher one dropping the restriction): each refused,
+        // recorded, and no session created.
+        let cases = [
+            (
+                "i2",
+                token(&engine, 4, &["no_payments"], &[8u8; 32]),
+                "envelope_forged",
+            ),
+            (
+                "i3",
+                token(&engine, 3, &["no_payments"], &KEY),
+                "envelope_replayed",
+            ),
+            (
+                "i4",
+                token(&engine, 2, &["no_payments"], &KEY),
+                "envelope_downgraded",
+            ),
+            ("i5", token(&engine, 5, &[], &KEY), "envelope_downgraded"),
+        ];
+        for (i, (session, t, reason)) in cases.into_iter().enumerate() {
+            let out = open_from(&engine, session, t).await;
+            assert_eq!(refused_reason(&out), reason, "{session}");
+            assert!(
+                engine
+                    .store()
+                    .get_session(sid(session))
+                    .await
+                    .unwrap()
+                    .is_none()
+            );
+            assert_eq!(
+                log(&engine).await.len(),
+                audit_len + i + 1,
+                "one refusal entry"
+            );
+        }
+        // A tampered body (restriction removed after signing) is forged too.
+        let mut t = token(&engine, 6, &["no_payments"], &KEY);
+        t.envelope.restrictions.clear();
+        let out = open_from(&engine, "i6", t).await;
+        assert_eq!(refused_reason(&out), "envelope_forged");
+        // A higher version with the restriction kept is accepted.
+        let ok = open_from(&engine, "i7", token(&engine, 7, &["no_payments"], &KEY)).await;
+        assert!(matches!(ok, SessionOpening::Opened { .. }));
+    }
+}
