@@ -14,5 +14,6 @@ mod lockdown;
 mod nodes;
 mod properties;
 mod quotas;
+mod session_properties;
 mod sessions;
 mod support;
