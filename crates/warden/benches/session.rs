@@ -104,7 +104,7 @@ async fn setup() -> (Engine<Shared>, SessionId, String) {
     let recipient = list[150]["recipient"].as_str().unwrap().to_owned();
     let results = [
         ("t", "get_transactions", list),
-        ("f", "read_file", text(32 * 1024)),
+        ("f", "read_file", text(48 * 1024)),
     ];
     for (call_id, action, result) in results {
         let id = CallId::parse(call_id).unwrap();

@@ -7,7 +7,11 @@
 //! 2. the agent holds the capability (`unknown_action`, `agent_revoked`,
 //!    `capability_not_inherited`);
 //! 3. the catalogue's argument schema and rules;
-//! 4. with a plan, the planned step the call uses (`unplanned_call`,
+//! 4. with a plan, the planned step the call uses: the first in plan order
+//!    whose action and literal arguments it matches and, for an effect (a
+//!    state change or an outbound read), that no allowed call used yet; a
+//!    planned read may be used again, and a binding to it refers to the
+//!    latest call that used it (`unplanned_call`,
 //!    escalated or denied as the bundle's `sessions.unplanned` says), and
 //!    the bindings of its bound arguments (`binding_not_satisfied:<path>`);
 //!    literal arguments of the plan are vouched for by the plan;
@@ -425,7 +429,21 @@ impl<S: Store> Engine<S> {
         if let Some(stored) = &state.session.plan {
             let plan = warden_core::plan::parse_plan(&stored.plan, &policy.sop_limits)
                 .map_err(|e| EngineError::internal(format!("stored plan unreadable: {e}")))?;
-            let used: Vec<bool> = stored.used_by.iter().map(Option::is_some).collect();
+            // A planned effect (a state change or an outbound read) is used
+            // once; a planned read stays available, so a read the model
+            // repeats (or one an injection adds) never takes the user's.
+            let used: Vec<bool> = stored
+                .used_by
+                .iter()
+                .zip(plan.steps())
+                .map(|(u, step)| {
+                    u.is_some()
+                        && policy
+                            .catalogue
+                            .by_name(step.action.as_str())
+                            .is_none_or(|a| a.is_effect())
+                })
+                .collect();
             let action = ActionName::parse(&call.action).ok();
             let matched = match &action {
                 Some(action) => match_call(&plan, &used, action, &call.arguments),
