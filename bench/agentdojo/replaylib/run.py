@@ -101,7 +101,8 @@ class Replayer:
         score.errors.append(err.entry)
         self._say(f"  error: {err}")
 
-    def replay(self, score: SuiteScore, label: str, prompt: str, calls, plan: Optional[dict]) -> List[Decided]:
+    def replay(self, score: SuiteScore, label: str, prompt: str, calls,
+               plan: Optional[dict]) -> List[Decided]:
         """One session: open it, replay every call. Returns each call's decision."""
         self.sessions += 1
         session_id = f"{score.mode}-{self.sessions:05d}"
@@ -111,11 +112,15 @@ class Replayer:
         try:
             session = self.client.open_session([prompt], plan=plan, session_id=session_id)
         except WardenError as e:
-            if e.status == 422:  # the plan (or input) refused as a whole: nothing runs
+            # The plan refused as a whole (it does not parse: 422; its
+            # preflight refused a step: 403 `session_refused`): nothing runs.
+            refused = e.status == 422 or (e.status == 403 and e.code == "session_refused")
+            if plan is not None and refused:
                 score.refused.append({"task": label, "code": e.code, "message": e.message,
-                                      "details": e.details})
+                                      "reason": e.details.get("reason"), "details": e.details})
                 self._say(f"{label}: session refused: {_answer(e)}")
-                return [Decided(i, c.function, "deny", f"session_refused:{e.code}", c.origin)
+                why = e.details.get("reason") or e.code
+                return [Decided(i, c.function, "deny", f"session_refused:{why}", c.origin)
                         for i, c in enumerate(calls)]
             raise ReplayError("opening a session", "POST", "/v1/sessions", body, _answer(e)) from None
         if session.get("session_id") != session_id or session.get("status") != "open":
@@ -180,7 +185,7 @@ class Replayer:
 
 def table(summaries: Sequence[dict]) -> str:
     """The human report."""
-    head = ("suite", "mode", "attacks ok", "benign unblocked", "escalated", "denied",
+    head = ("suite", "mode", "attacks succeeded", "benign unblocked", "escalated", "denied",
             "collateral denied", "collateral escalated")
     rows = [head]
     for s in summaries:

@@ -19,11 +19,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from support import WardenServerCase  # noqa: E402
 from warden_adapter import (  # noqa: E402
+    AccessDenied,
     Conflict,
     FrostGovernanceAdapter,
     NotFound,
     ValidationError,
-    WardenError,
 )
 
 POLICY = """\
@@ -142,21 +142,27 @@ class Sessions(SessionCase):
         unknown = self.assistant.gate_call("s-4", "shell.eval", {"command": "rm -rf /"}, call_id="u")
         self.assertEqual((unknown["verdict"], unknown["reason"]), ("deny", "unknown_action"))
         bad = self.pay("s-4", USER_IBAN, amount="ten", call_id="b")
-        self.assertEqual(bad["verdict"], "deny")
+        self.assertEqual((bad["verdict"], bad["reason"]), ("deny", "argument_schema_violation:/amount"))
 
     def test_a_call_id_is_an_idempotency_key(self):
         self.assistant.open_session([f"Pay 10 to {USER_IBAN}"], session_id="s-5")
         first = self.pay("s-5", USER_IBAN, call_id="c")
-        self.assertEqual(self.pay("s-5", USER_IBAN, call_id="c"), first)
-        with self.assertRaises(Conflict):
+        again = self.pay("s-5", USER_IBAN, call_id="c")
+        self.assertEqual((first["replayed"], again["replayed"]), (False, True))
+        self.assertEqual({k: v for k, v in again.items() if k not in ("replayed", "decision")},
+                         {k: v for k, v in first.items() if k not in ("replayed", "decision")})
+        with self.assertRaises(Conflict) as conflict:
             self.pay("s-5", USER_IBAN, amount=11, call_id="c")
+        self.assertEqual(conflict.exception.code, "call_conflict")
         self.assertEqual(len(self.assistant.get_session("s-5")["calls"]), 1)
 
     def test_reopening_a_session_id(self):
         first = self.assistant.open_session(["one"], session_id="s-6")
-        self.assertEqual(self.assistant.open_session(["one"], session_id="s-6")["session_id"], "s-6")
-        with self.assertRaises(Conflict):
+        same = self.assistant.open_session(["one"], session_id="s-6")
+        self.assertEqual((first["existing"], same["existing"], same["session_id"]), (False, True, "s-6"))
+        with self.assertRaises(Conflict) as conflict:
             self.assistant.open_session(["two"], session_id="s-6")
+        self.assertEqual(conflict.exception.code, "session_conflict")
         self.assertEqual(self.assistant.get_session("s-6")["created_at"], first["created_at"])
 
     def test_cancelling_denies_later_calls_and_rejects_pending_escalations(self):
@@ -182,9 +188,10 @@ class Sessions(SessionCase):
         self.assertEqual(self.helper.gate_call("s-9", "mail.read", {}, call_id="m")["verdict"], "allow")
         by_operator = self.operator.open_session([], session_id="s-10", agent_id="stranger")
         self.assertEqual(by_operator["agent_id"], "stranger")
-        with self.assertRaises(WardenError) as refused:
+        with self.assertRaises(AccessDenied) as refused:
             self.helper.open_session(["up the tree"], session_id="s-11", agent_id="assistant")
-        self.assertIn(refused.exception.status, (403, 404))
+        self.assertEqual((refused.exception.code, refused.exception.details["reason"]),
+                         ("session_refused", "not_session_agent"))
         with self.assertRaises(NotFound):
             self.assistant.get_session("s-11")
 
@@ -229,7 +236,8 @@ class Plans(SessionCase):
         self.assistant.gate_call("p-2", "contacts.list", {}, call_id="0")
         self.assistant.record_result("p-2", "0", [{"name": "Friend", "iban": FRIEND_IBAN}])
         elsewhere = self.pay("p-2", USER_IBAN, amount=10, call_id="1")
-        self.assertNotIn(elsewhere["verdict"], ("allow", "constrain"))
+        self.assertEqual((elsewhere["verdict"], elsewhere["reason"], elsewhere["plan_step"]),
+                         ("escalate", "binding_not_satisfied:recipient", "s1"))
 
     def test_a_plan_is_admitted_whole_or_refused(self):
         bad = {"sop_id": "bad", "version": 1, "steps": [
@@ -239,7 +247,9 @@ class Plans(SessionCase):
         ]}
         with self.assertRaises(ValidationError) as refused:
             self.assistant.open_session(["x"], plan=bad, session_id="p-3")
-        self.assertEqual(refused.exception.status, 422)
+        self.assertEqual((refused.exception.status, refused.exception.code,
+                          refused.exception.details["field"]),
+                         (422, "invalid_plan", "steps[0].arguments.recipient.$bind.step"))
         with self.assertRaises(NotFound):
             self.assistant.get_session("p-3")
 
