@@ -15,6 +15,13 @@ tool handler only when the gate says ``proceed``; it reports the outcome
 (``complete``) and stops at the first denial or failure. Memory steps are
 executed by the server itself. A retried run (same ``run_id``) replays the
 recorded outcomes instead of running the tools again.
+
+Tool-call sessions (``open_session``, ``gate_call``, ``record_result``)
+decide one call at a time, knowing where every argument value came from:
+the session's trusted inputs, the results recorded so far and, when the
+session was opened with one, the plan. ``call_tool`` runs a local handler
+only when the session's gate allows the call, then records its result, so
+later calls can be checked against it.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ __all__ = [
     "QuotaExceeded",
     "WardenClient",
     "FrostGovernanceAdapter",
+    "PROCEED_VERDICTS",
 ]
 
 
@@ -183,18 +191,53 @@ class WardenClient:
     def verify_audit(self) -> dict:
         return self.request("GET", "/v1/audit/verify")
 
+    def escalations(self, status: Optional[str] = None) -> List[dict]:
+        """The review queue (``pending``, ``approved``, ``rejected``,
+        ``consumed``; every status when ``None``)."""
+        return self.request("GET", "/v1/escalations", query={"status": status})["escalations"]
+
+    def escalation(self, escalation_id: str) -> dict:
+        return self.request("GET", f"/v1/escalations/{_seg(escalation_id)}")
+
+    def approve_escalation(self, escalation_id: str) -> dict:
+        """Approve a held request: it proceeds once, the next time it is made."""
+        return self.request("POST", f"/v1/escalations/{_seg(escalation_id)}/approve")
+
+    def reject_escalation(self, escalation_id: str, reason: str) -> dict:
+        return self.request("POST", f"/v1/escalations/{_seg(escalation_id)}/reject",
+                            {"reason": reason})
+
+    # --- anyone --------------------------------------------------------------
+
+    def health(self) -> dict:
+        """``GET /healthz``: ``{status, policy_version}`` (no token needed)."""
+        return self.request("GET", "/healthz")
+
+    def envelope_key(self) -> dict:
+        """The server's envelope signing key: ``{algorithm, issuer, key_source, public_key}``."""
+        return self.request("GET", "/v1/envelope-key")
+
     # --- agent ---------------------------------------------------------------
 
     def me(self) -> dict:
         return self.request("GET", "/v1/agents/self")
 
     def delegate(self, agent_id: str, capabilities=(), config: Optional[dict] = None,
-                 tools: Optional[List[str]] = None) -> dict:
+                 tools: Optional[List[str]] = None, from_run: Optional[str] = None,
+                 from_session: Optional[str] = None, **extra: Any) -> dict:
+        """Register a child of the calling agent. ``from_run`` / ``from_session``:
+        the child inherits that run's or session's envelope; ``extra``
+        carries the other fields (``restrictions``, ``zone``, ``redact_labels``)."""
         body: Dict[str, Any] = {"agent_id": agent_id, "capabilities": list(capabilities)}
         if config is not None:
             body["config"] = config
         if tools is not None:
             body["tools"] = tools
+        if from_run is not None:
+            body["from_run"] = from_run
+        if from_session is not None:
+            body["from_session"] = from_session
+        body.update(extra)
         return self.request("POST", "/v1/agents/self/children", body)
 
     def read(self, namespace: str, key: str) -> dict:
@@ -237,8 +280,82 @@ class WardenClient:
             body["error"] = error
         return self.request("POST", f"/v1/runs/{_seg(run_id)}/steps/{_seg(step_id)}/complete", body)
 
+    def signed_envelope(self, run_id: str) -> dict:
+        """A run's envelope, signed by the server (``{envelope, issuer, signature}``)."""
+        return self.request("GET", f"/v1/runs/{_seg(run_id)}/envelope/signed")
+
+    # --- sessions --------------------------------------------------------------
+
+    def open_session(self, trusted_inputs: List[Any], plan: Optional[dict] = None,
+                     session_id: Optional[str] = None, agent_id: Optional[str] = None,
+                     from_envelope: Optional[dict] = None) -> dict:
+        """Open a tool-call session (``POST /v1/sessions``).
+
+        ``trusted_inputs``: the values the runtime vouches for (the user's
+        request); they are the session's ``user`` origin. ``plan``: an SOP
+        whose arguments may hold ``{"$bind": {...}}`` bindings, admitted
+        whole or refused (``ValidationError``) before anything is created.
+        ``agent_id``: open for a descendant (an ancestor or the operator);
+        absent, the caller opens for itself. ``from_envelope``: a signed
+        envelope from a trusted issuer to start from. Reopening the same
+        ``session_id`` with the same content returns the session; other
+        content raises ``Conflict``.
+        """
+        body: Dict[str, Any] = {"trusted_inputs": list(trusted_inputs)}
+        if session_id is not None:
+            body["session_id"] = session_id
+        if agent_id is not None:
+            body["agent_id"] = agent_id
+        if plan is not None:
+            body["plan"] = plan
+        if from_envelope is not None:
+            body["from_envelope"] = from_envelope
+        return self.request("POST", "/v1/sessions", body)
+
+    def get_session(self, session_id: str) -> dict:
+        """The session: status, envelope, plan (with the call that used each
+        step), index bounds and every decided call."""
+        return self.request("GET", f"/v1/sessions/{_seg(session_id)}")
+
+    def gate_call(self, session_id: str, action: str, arguments: Any,
+                  call_id: Optional[str] = None) -> dict:
+        """Ask the session's gate about one proposed call.
+
+        Every decided call answers 200, whatever the verdict: read
+        ``verdict`` (``allow`` / ``constrain`` run the tool; ``deny`` /
+        ``escalate`` do not), ``reason`` and ``provenance``. The same
+        ``call_id`` with the same action and arguments returns the recorded
+        answer (re-decided only while escalated); other arguments raise
+        ``Conflict``.
+        """
+        body: Dict[str, Any] = {"action": action, "arguments": arguments}
+        if call_id is not None:
+            body["call_id"] = call_id
+        return self.request("POST", f"/v1/sessions/{_seg(session_id)}/calls", body)
+
+    def record_result(self, session_id: str, call_id: str, result: Any,
+                      error: Optional[str] = None, labels: Optional[List[str]] = None) -> dict:
+        """Record what an allowed call returned (or ``error`` if the tool
+        failed), so later calls can be checked against it. A call that was
+        not allowed raises ``Conflict`` (``call_not_allowed``)."""
+        body: Dict[str, Any] = {"result": result}
+        if error is not None:
+            body["error"] = error
+        if labels:
+            body["labels"] = list(labels)
+        return self.request("POST",
+                            f"/v1/sessions/{_seg(session_id)}/calls/{_seg(call_id)}/result", body)
+
+    def cancel_session(self, session_id: str, reason: str) -> dict:
+        """Cancel a session: later calls are denied ``session_cancelled``
+        and its pending escalations are rejected."""
+        return self.request("POST", f"/v1/sessions/{_seg(session_id)}/cancel", {"reason": reason})
+
 
 MEMORY_ACTIONS = frozenset({"memory.read", "memory.write"})
+
+#: The verdicts of a session call that let the tool run.
+PROCEED_VERDICTS = frozenset({"allow", "constrain"})
 
 Handler = Callable[[Dict[str, Any]], Any]
 
@@ -344,3 +461,42 @@ class FrostGovernanceAdapter:
                                   {"step_id": step["step_id"], "run_id": run["run_id"]})
             results.append(outcome.get("result"))
         return results
+
+    # --- sessions --------------------------------------------------------------
+
+    def call_tool(self, frost_agent_id: str, session_id: str, action: str,
+                  arguments: Dict[str, Any], call_id: Optional[str] = None) -> Dict[str, Any]:
+        """Propose one call in a session; run the local handler only if the
+        gate allows it, and record what it returned.
+
+        Returns ``{"call": <the session's answer for the call>, "ran": bool,
+        "result": <the handler's value, or None>}``; ``call`` is the answer
+        of ``record_result`` when the tool ran. A denied or escalated call
+        runs nothing (``ran`` is false). A failing handler's error is
+        recorded and the exception re-raised. A handler's value that is not
+        JSON is recorded as a failure and raises ``TypeError`` or
+        ``ValueError``. An action without a handler raises
+        ``ValidationError`` (``missing_handlers``) before the gate is asked.
+        """
+        client = self._client(frost_agent_id)
+        handler = self.tool_handlers.get(action)
+        if handler is None:  # refused before the gate is asked: nothing recorded
+            raise ValidationError(422, "missing_handlers", f"missing handlers: {action}",
+                                  {"missing": [action], "session_id": session_id})
+        call = client.gate_call(session_id, action, arguments, call_id=call_id)
+        if call["verdict"] not in PROCEED_VERDICTS:
+            return {"call": call, "ran": False, "result": None}
+        try:
+            value = handler(dict(arguments))
+        except Exception as e:  # the tool failed: record it
+            client.record_result(session_id, call["call_id"], None,
+                                 error=f"{type(e).__name__}: {e}")
+            raise
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as e:
+            client.record_result(session_id, call["call_id"], None,
+                                 error=f"result is not JSON: {e}")
+            raise
+        recorded = client.record_result(session_id, call["call_id"], value)
+        return {"call": recorded, "ran": True, "result": value}

@@ -13,16 +13,14 @@ Run: ``python3 -m unittest discover -s clients/python/tests -v``
 
 from __future__ import annotations
 
-import os
-import secrets
-import signal
-import subprocess
 import sys
 import unittest
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from support import WardenServerCase  # noqa: E402
 from warden_adapter import (  # noqa: E402
     AccessDenied,
     FrostGovernanceAdapter,
@@ -30,13 +28,8 @@ from warden_adapter import (  # noqa: E402
     RevisionConflict,
     Unauthorized,
     ValidationError,
-    WardenClient,
     WardenError,
 )
-
-REPO = Path(__file__).resolve().parents[3]
-WARDEN_BIN = os.environ.get("WARDEN_BIN", str(REPO / "target" / "debug" / "warden"))
-DATABASE = os.environ.get("WARDEN_TEST_DATABASE", "memory://")
 
 
 def sop(sop_id, *steps):
@@ -47,31 +40,11 @@ def sop(sop_id, *steps):
     }
 
 
-class ServerCase(unittest.TestCase):
+class ServerCase(WardenServerCase):
     """Starts a server per test; binds the lab's agents in an adapter."""
 
     def setUp(self):
-        if not Path(WARDEN_BIN).is_file():
-            self.fail(f"warden binary not found at {WARDEN_BIN}: run `cargo build -p warden-cli` "
-                      "or set WARDEN_BIN")
-        self.operator_token = "op-" + secrets.token_hex(24)
-        env = dict(os.environ, WARDEN_OPERATOR_TOKEN=self.operator_token, WARDEN_LOG="warn")
-        self.proc = subprocess.Popen(
-            [WARDEN_BIN, "serve", "--database", DATABASE, "--listen", "127.0.0.1:0"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
-        )
-        base = None
-        seen = []
-        for line in self.proc.stdout:
-            seen.append(line.rstrip())
-            if line.startswith("listening on "):
-                base = line.split(" ", 2)[2].strip()
-                break
-        if base is None:
-            self.proc.wait(timeout=30)
-            self.fail(f"server did not start: {seen} {self.proc.stderr.read()}")
-        self.operator = WardenClient(base, self.operator_token)
-        self.server = WardenClient(base)
+        super().setUp()
         self.effects = []
         handlers = {
             "document.summarize": lambda a: self.effects.append(("summarize", a["document_id"])) or "summary",
@@ -82,16 +55,6 @@ class ServerCase(unittest.TestCase):
         for runtime_id, agent in [("rt-manager", "report_manager"), ("rt-researcher", "researcher"),
                                   ("rt-formatter", "formatter")]:
             self.adapter.bind(runtime_id, self.operator.issue_token(agent)["token"])
-
-    def tearDown(self):
-        self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout=30)
-        self.proc.stdout.close()
-        self.proc.stderr.close()
-        self.assertEqual(code, 0, "warden serve did not stop cleanly")
-
-    def last_decision(self):
-        return self.operator.audit_entries()[-1]
 
 
 class LabSuite(ServerCase):
