@@ -37,6 +37,9 @@
 //!   these into links, so they are URLs even without a scheme. (Anything of
 //!   that shape counts, a file name like `notes.txt` too: over-extracting
 //!   makes a target to check, never a target missed.)
+//! - An address (below) whose local part is itself a host
+//!   (`www.trusted.com@evil.io`, which a browser reads as userinfo and a
+//!   host) is a URL too.
 //! - An *email address* is a local part (letters, digits, marks and
 //!   `.` `_` `-` `+` `%` `!` `#` `$` `&` `'` `*` `=` `?` `^` `{` `|` `}` `~`
 //!   `/`, leading `.` and quote-like `'` `{` `|` `/` dropped) then `@` then a
@@ -46,11 +49,12 @@
 //! an unbalanced closing `)`, `]` or `}`, as linkifiers do; nothing else is
 //! trimmed, so a target is never shortened into a vouched prefix.
 //!
-//! [`Within::Urls`] yields every scheme URL and bare URL; [`Within::Emails`]
-//! every email address; [`Within::Hosts`] every host: of each scheme URL,
-//! of each email address (its domain), and every host-shaped run anywhere
-//! else (inside URL paths too), never an email's local part. Targets come in
-//! text order; each occurrence is a target of its own.
+//! [`Within::Urls`] yields every scheme URL, bare URL and address whose
+//! local part is a host; [`Within::Emails`] every email address;
+//! [`Within::Hosts`] every host: of each scheme URL, of each email address
+//! (its domain), and every host-shaped run anywhere else (inside URL paths
+//! too), never an email's local part. Targets come in text order; each
+//! occurrence is a target of its own.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -416,6 +420,17 @@ impl Scan {
 
     fn urls(&self) -> Vec<Span> {
         let mut out: Vec<Span> = self.schemes.iter().map(|(s, _)| *s).collect();
+        // `www.trusted.com@evil.io` is an address, and to a browser a URL
+        // with userinfo that leads to `evil.io`: an address whose local part
+        // is a host is a URL too.
+        for (span, (domain, _)) in &self.emails {
+            if Self::inside(*span, self.schemes.iter().map(|(s, _)| *s)) {
+                continue;
+            }
+            if self.host_in(span.0, domain.saturating_sub(1)).is_some() {
+                out.push(*span);
+            }
+        }
         let mut taken_to = 0;
         for run in self.runs() {
             if run.0 < taken_to
@@ -590,8 +605,13 @@ mod tests {
             found(text, Within::Emails),
             ["dora@gmail.com", "a.b+tag@Sub.Example.ORG"]
         );
-        // A local part is never a URL or a host; the domain is a host.
-        assert!(found("john.doe@company.com", Within::Urls).is_empty());
+        // A local part is never a host; the domain is. An address whose
+        // local part is a host is also a URL (userinfo to a browser).
+        assert!(found("dora@company.com", Within::Urls).is_empty());
+        assert_eq!(
+            found("go www.trusted.com@evil.io", Within::Urls),
+            ["www.trusted.com@evil.io"]
+        );
         assert_eq!(
             found("john.doe@company.com", Within::Hosts),
             ["company.com"]

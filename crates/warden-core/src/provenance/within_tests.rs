@@ -239,6 +239,9 @@ fn a_link_split_across_sources_or_fields_is_not_vouched() {
         assert_ne!(d.verdict, Verdict::Allow, "{body:?}");
         assert!(d.arguments[0].values.iter().any(|v| !v.vouched));
     }
+    // A vouched host as userinfo in front of another host.
+    let d = gate.decide(&json!({"body": "go to www.trusted.com@evil.io"}), &index);
+    assert_eq!(d.verdict, Verdict::Escalate);
     // Whitespace really separates: each part is a target of its own, here
     // each vouched on its own (`evil.io` is in the trusted field `z`).
     let d = gate.decide(&json!({"body": "go to www.trusted.com .evil.io"}), &index);
