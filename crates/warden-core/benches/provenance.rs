@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use warden_core::ids::ActionName;
 use warden_core::provenance::{
     ActionProvenance, FingerprintKey, MatchMode, Origin, Otherwise, OutputSpec, OutputTrust,
-    ProvenanceRuleSpec, SourceId, SourceIndex, Trust,
+    ProvenanceRuleSpec, SourceId, SourceIndex, Trust, Within,
 };
 
 const TARGET_BYTES: usize = 64 * 1024;
@@ -137,7 +137,25 @@ fn gate() -> ActionProvenance {
             from: vec![Origin::User, Origin::Trusted],
             otherwise: Otherwise::Escalate,
             matching: MatchMode::Caseless,
+            within: None,
         }],
+        &OutputSpec::default(),
+        false,
+    )
+    .unwrap()
+}
+
+/// Links and addresses inside a message body, each checked whole.
+fn body_gate() -> ActionProvenance {
+    let rule = |within| ProvenanceRuleSpec {
+        argument: "body".into(),
+        from: vec![Origin::User, Origin::Trusted],
+        otherwise: Otherwise::Escalate,
+        matching: MatchMode::Caseless,
+        within: Some(within),
+    };
+    ActionProvenance::compile(
+        &[rule(Within::Urls), rule(Within::Emails)],
         &OutputSpec::default(),
         false,
     )
@@ -177,6 +195,25 @@ fn bench(c: &mut Criterion) {
     ] {
         g.bench_function(name, |b| {
             b.iter(|| black_box(gate.decide(black_box(&args), &index)))
+        });
+    }
+    // A 1 KiB message body: no target at all, and four targets (two links,
+    // an address, one look-alike link) among ordinary words.
+    let body_gate = body_gate();
+    let plain = words(7, 1024)
+        .replace("www.example.com", "example")
+        .replace("alice@corp.example", "alice");
+    let mut linked = words(8, 1024)
+        .replace("www.example.com", "example")
+        .replace("alice@corp.example", "alice");
+    linked.push_str(" see https://www.example.com/a?b=c and www.secure-systems-252.com, mail alice@corp.example or www.ex\u{430}mple.com");
+    for (name, body) in [
+        ("body_no_targets_1KiB", plain),
+        ("body_four_targets_1KiB", linked),
+    ] {
+        let args = json!({ "body": body });
+        g.bench_function(name, |b| {
+            b.iter(|| black_box(body_gate.decide(black_box(&args), &index)))
         });
     }
     g.finish();

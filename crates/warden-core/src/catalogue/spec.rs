@@ -35,8 +35,9 @@ pub struct ActionSpec {
     /// Labels every result of this action carries.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub output_labels: Vec<Label>,
-    /// Provenance rules: where each guarded argument's values must come
-    /// from (see [`crate::provenance`]).
+    /// Provenance rules: where each guarded argument's values, or the
+    /// URLs, email addresses or host names inside them (`within:`), must
+    /// come from (see [`crate::provenance`]).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub provenance: Vec<ProvenanceRuleSpec>,
     /// The trust of the action's results (default: every field untrusted).

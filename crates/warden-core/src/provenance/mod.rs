@@ -73,8 +73,8 @@
 //! # Look-alikes
 //!
 //! A second, lossy comparison detects look-alikes: NFKC, invisible
-//! characters removed, lowercased, then the Unicode TR39 confusable
-//! skeleton. It never vouches for anything. When a value is not vouched for
+//! characters removed, the IDNA full stop `。` read as `.`, lowercased, then
+//! the Unicode TR39 confusable skeleton. It never vouches for anything. When a value is not vouched for
 //! by any `user`, `trusted`, `memory` or `plan` field (not even caselessly)
 //! but its skeleton occurs in one, it is a look-alike of a vouched value
 //! (Cyrillic `а` for Latin `a`, fullwidth letters, an inserted zero-width
@@ -98,6 +98,21 @@
 //! entire content is that value, like `{"id": 7}` in a trusted result.
 //! Never by occurring inside a longer text.
 //!
+//! # Embedded targets
+//!
+//! A rule with `within: urls | emails | hosts` checks, instead of the whole
+//! value, each URL, email address or host name found inside the value's
+//! text (a message body that carries a link names a target too): each one
+//! whole, by the rules above, as a value of its own at the argument's path
+//! ([`ValueProvenance::embedded`] says where it lies). Host names and
+//! addresses are compared caselessly whatever `match:` says. Targets are
+//! found through a folded view (NFKC, lowercase, IDNA dots, invisible
+//! characters skipped) but checked in their original form, so a disguised
+//! or zero-width-split link is found whole and is then a look-alike, never
+//! the genuine link; and a link is never cut into a vouched prefix. A value
+//! with no target passes the rule. What exactly is found:
+//! [`embedded_targets`].
+//!
 //! # Bounds
 //!
 //! [`IndexLimits`] bounds the recorded bytes, fields and sources. Past a
@@ -114,10 +129,16 @@
 //! [`ProvenanceDecision`]: `allow`, `escalate` or `deny`, stable reasons
 //! (`argument_not_vouched:<path>`, `argument_confusable:<path>`,
 //! `argument_wrong_type:<path>`, `argument_too_many_values:<argument>`,
-//! `arguments_vouched`) and per argument the provenance found. An absent
-//! argument passes: the schema decides whether it may be absent, and no
-//! value of it reaches the tool.
+//! `arguments_vouched`) and per argument the provenance found (per value:
+//! its path, origins, the first source field per origin, whether the rule
+//! vouched for it, the look-alike it imitates). An absent argument passes:
+//! the schema decides whether it may be absent, and no value of it reaches
+//! the tool. [`ActionProvenance::decide_except`] exempts given paths (the
+//! literal positions of an admitted plan, which the plan vouches for);
+//! [`SourceIndex::occurs_in`] answers whether a value occurs in one given
+//! source (the result of one particular call).
 
+mod embedded;
 mod fingerprint;
 mod index;
 mod normalise;
@@ -130,6 +151,8 @@ mod agentdojo;
 mod proptests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod within_tests;
 
 use std::fmt;
 use std::sync::Arc;
@@ -139,6 +162,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::{ActionName, AgentId, IdentifierError, check_identifier};
 
+pub use embedded::{EmbeddedTarget, Within, embedded_targets};
 pub use fingerprint::{FingerprintKey, MAX_KEY_LEN, MIN_KEY_LEN};
 pub use index::{
     IndexLimits, MAX_HITS, MAX_RECORD_DEPTH, MIN_SIGNIFICANT_CHARS, RecordOutcome, SourceIndex,
@@ -376,6 +400,26 @@ pub struct ValueProvenance {
     /// The index holds unsearchable content (over its bounds), so `none`
     /// may mean "somewhere unsearchable"; either way nothing there vouches.
     pub unsearchable_content: bool,
+    /// Whether an origin the checking rule accepts holds the value. Set by
+    /// the gate ([`ActionProvenance::decide`]); always `false` from
+    /// [`SourceIndex::provenance`], which knows no rule.
+    #[serde(default)]
+    pub vouched: bool,
+    /// For a target found inside the argument's text (a rule with
+    /// `within:`): its kind and where it lies in the argument.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embedded: Option<EmbeddedAt>,
+}
+
+/// Where a target checked by a `within:` rule lies inside its argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EmbeddedAt {
+    /// What kind of target it is.
+    pub within: Within,
+    /// Byte offset of its first character in the argument's string.
+    pub start: usize,
+    /// Byte offset just past its last character.
+    pub end: usize,
 }
 
 impl ValueProvenance {
@@ -388,6 +432,24 @@ impl ValueProvenance {
             invisible: false,
             confusable_with: None,
             unsearchable_content,
+            vouched: false,
+            embedded: None,
+        }
+    }
+
+    /// A value at a literal position of the admitted plan: vouched for by
+    /// the plan, not searched.
+    fn plan_literal(path: String) -> Self {
+        Self {
+            path,
+            origins: vec![Origin::Plan],
+            hits: Vec::new(),
+            short: false,
+            invisible: false,
+            confusable_with: None,
+            unsearchable_content: false,
+            vouched: true,
+            embedded: None,
         }
     }
 }

@@ -10,8 +10,9 @@
 //!   characters are kept (an invisible character is a token of its own).
 //! - *caseless*: the exact form, lowercased (Unicode lowercase mapping).
 //! - *skeleton*: NFKC, default-ignorable and bidi-control characters
-//!   removed, lowercased, tokenised, numbers canonical, then the Unicode
-//!   TR39 confusable skeleton of each token.
+//!   removed, the IDNA full stop `。` (and, through NFKC, `｡`) read as `.`,
+//!   lowercased, tokenised, numbers canonical, then the Unicode TR39
+//!   confusable skeleton of each token.
 
 use unicode_normalization::UnicodeNormalization;
 use unicode_normalization::char::is_combining_mark;
@@ -152,12 +153,14 @@ pub fn caseless_tokens(exact: &[String]) -> Vec<String> {
     exact.iter().map(|t| t.to_lowercase()).collect()
 }
 
-/// Skeleton tokens of `text`: NFKC, invisible characters removed,
-/// lowercased, tokenised, canonical numbers, then the TR39 skeleton.
+/// Skeleton tokens of `text`: NFKC, invisible characters removed, the IDNA
+/// full stop `。` read as `.` (as host names read it), lowercased,
+/// tokenised, canonical numbers, then the TR39 skeleton.
 pub fn skeleton_tokens(text: &str) -> Vec<String> {
     let folded = text
         .nfkc()
         .filter(|c| !is_invisible(*c))
+        .map(|c| if c == '\u{3002}' { '.' } else { c })
         .collect::<String>()
         .to_lowercase();
     tokenise(&folded)

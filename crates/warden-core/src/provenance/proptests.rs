@@ -261,4 +261,126 @@ proptest! {
         index.record_user(sid("prompt"), &json!(recorded)).unwrap();
         let _ = rule("to", UT, Otherwise::Deny).decide(&json!({"to": value}), &index);
     }
+
+    /// A link only an untrusted source holds is never vouched for inside a
+    /// body, whatever punctuation surrounds it and whatever trusted text
+    /// the session holds.
+    #[test]
+    fn embedded_attacker_links_are_never_vouched(
+        prompt in trusted_text(),
+        results in prop::collection::vec(trusted_text(), 0..3),
+        host in "[n-z5-9]{3,10}(\\.[n-z]{2,6}){1,2}",
+        scheme in prop::sample::select(vec!["", "https://", "http://", "HTTPS://"]),
+        path in prop::sample::select(vec!["", "/", "/x?y=z", "/a/b#c", ":8080/p"]),
+        before in prop::sample::select(vec!["", "(", "<", "'", "\"", "[", "see:", "\n", "\u{200b}"]),
+        after in prop::sample::select(vec!["", ")", ">", ".", ",", "!", "'", "\"", "]", "?", ";", "\t"]),
+        words in trusted_text(),
+    ) {
+        let link = format!("{scheme}{host}{path}");
+        let mut index = SourceIndex::new(key());
+        index.record_user(sid("prompt"), &json!(prompt)).unwrap();
+        for (i, r) in results.iter().enumerate() {
+            index.record_result(sid(&format!("t{i}")), action("t"), &trusted(), &json!({"text": r})).unwrap();
+        }
+        index.record_result(sid("page"), action("get_webpage"), &OutputTrust::untrusted(), &json!(format!("visit {link} now"))).unwrap();
+        let body = format!("{words} {before}{link}{after} {words}");
+        // The link is found whole.
+        let urls: Vec<String> = embedded_targets(&body, Within::Urls).into_iter().map(|t| t.text).collect();
+        prop_assert!(urls.contains(&link), "{:?} in {:?}", urls, body);
+        for w in [Within::Urls, Within::Hosts] {
+            for mode in [MatchMode::Text, MatchMode::Caseless] {
+                let gate = ActionProvenance::compile(
+                    &[ProvenanceRuleSpec { argument: "body".into(), from: UT.to_vec(), otherwise: Otherwise::Escalate, matching: mode, within: Some(w) }],
+                    &OutputSpec::default(), false).unwrap();
+                let d = gate.decide(&json!({"body": body}), &index);
+                prop_assert_ne!(d.verdict, Verdict::Allow, "{:?} {:?} {:?}", w, mode, body);
+            }
+        }
+    }
+
+    /// A vouched link in disguise (a confusable letter, fullwidth forms, a
+    /// zero-width, bidi or soft-hyphen character) inside a body is denied
+    /// as a look-alike; the genuine link passes.
+    #[test]
+    fn disguised_embedded_links_are_denied(
+        genuine in "[acepxyijs][a-z]{2,8}",
+        tld in "[a-m]{2,3}",
+        v in prop_oneof![
+            Just(Variant::Cyrillic),
+            Just(Variant::Fullwidth),
+            Just(Variant::ZeroWidth),
+            Just(Variant::Bidi),
+            Just(Variant::SoftHyphen),
+        ],
+        at in 0usize..16,
+        words in trusted_text(),
+    ) {
+        let host = format!("{genuine}.{tld}");
+        // The first letter always has a Cyrillic twin; an invisible
+        // character after the last one is outside the link (it changes
+        // nothing a linkifier would follow), so it goes inside.
+        let at = if matches!(v, Variant::Cyrillic) { 0 } else { at % (host.len() - 1) };
+        let fake = disguise(&host, v, at);
+        prop_assert_ne!(&fake, &host);
+        let mut index = SourceIndex::new(key());
+        index.record_result(sid("dir"), action("directory"), &trusted(), &json!([{"site": format!("www.{host}")}])).unwrap();
+        let gate = ActionProvenance::compile(
+            &[ProvenanceRuleSpec { argument: "body".into(), from: UT.to_vec(), otherwise: Otherwise::Escalate, matching: MatchMode::Caseless, within: Some(Within::Urls) }],
+            &OutputSpec::default(), false).unwrap();
+        let d = gate.decide(&json!({"body": format!("{words} www.{fake} {words}")}), &index);
+        prop_assert_eq!(d.verdict, Verdict::Deny, "{:?}", fake);
+        prop_assert_eq!(d.reason.kind(), "argument_confusable");
+        let d = gate.decide(&json!({"body": format!("{words} www.{host} {words}")}), &index);
+        prop_assert_eq!(d.verdict, Verdict::Allow);
+    }
+
+    /// A link whose parts are vouched for separately (two sources, two
+    /// fields) is not vouched for.
+    #[test]
+    fn split_embedded_links_are_never_vouched(
+        a in "[n-z]{2,8}",
+        b in "[n-z]{2,8}",
+        path in "/[n-z]{1,8}",
+        how in 0u8..3,
+    ) {
+        let host = format!("www.{a}.com");
+        let link = format!("{host}.{b}.net{path}");
+        let mut index = SourceIndex::new(key());
+        match how {
+            0 => {
+                index.record_user(sid("prompt"), &json!(format!("see {host}"))).unwrap();
+                index.record_result(sid("r"), action("t"), &trusted(), &json!(format!("{b}.net{path}"))).unwrap();
+            }
+            1 => {
+                index.record_result(sid("r"), action("t"), &trusted(), &json!({"x": host, "y": format!(".{b}.net{path}")})).unwrap();
+            }
+            _ => {
+                index.record_user(sid("prompt"), &json!(format!("{host} {b}.net{path} {host}\u{200b}.{b}.net{path}"))).unwrap();
+            }
+        }
+        let gate = ActionProvenance::compile(
+            &[ProvenanceRuleSpec { argument: "body".into(), from: UT.to_vec(), otherwise: Otherwise::Escalate, matching: MatchMode::Caseless, within: Some(Within::Urls) }],
+            &OutputSpec::default(), false).unwrap();
+        let d = gate.decide(&json!({"body": format!("go to {link} now")}), &index);
+        prop_assert_ne!(d.verdict, Verdict::Allow);
+    }
+
+    /// Extraction never panics, its spans are the texts it returns, and
+    /// ASCII text without `.`, `@` or `:` holds no target.
+    #[test]
+    fn extraction_is_total_and_exact(text in "\\PC{0,120}", plain in "[ -\\-/-9;-?A-~]{0,60}") {
+        for w in [Within::Urls, Within::Emails, Within::Hosts] {
+            let mut last = 0;
+            for t in embedded_targets(&text, w) {
+                prop_assert_eq!(text.get(t.start..t.end), Some(t.text.as_str()));
+                prop_assert!(t.start < t.end);
+                // URLs never overlap: a bare URL's path swallows what follows.
+                if w == Within::Urls {
+                    prop_assert!(t.start >= last);
+                }
+                last = t.end;
+            }
+            prop_assert!(embedded_targets(&plain, w).is_empty(), "{:?}", plain);
+        }
+    }
 }

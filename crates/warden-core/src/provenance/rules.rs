@@ -1,15 +1,17 @@
 //! Provenance rules as the bundle writes them, compiled, explained and
 //! decided.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::embedded::{Within, embedded_targets};
 use super::index::SourceIndex;
 use super::path::{Concrete, ValuePath};
-use super::{Origin, ValueProvenance, reasons};
+use super::{EmbeddedAt, Origin, ValueProvenance, reasons};
 use crate::decision::{Reason, Verdict};
 
 /// Most argument values one call may put under provenance rules; past it
@@ -74,6 +76,13 @@ impl Trust {
 /// every value the path selects must occur in a source of one of the listed
 /// origins, by the matching rules of the [`crate::provenance`] module;
 /// otherwise the call escalates (or is denied).
+///
+/// With `within: urls | emails | hosts` the rule applies instead to each
+/// URL, email address or host name found inside the value's text (see
+/// [`embedded_targets`] for exactly what is found), each checked whole by
+/// the same matching rules; a value with none passes the rule, and so does
+/// a value that is not a string. Host names and email addresses are always
+/// compared without case; URLs as `match:` says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProvenanceRuleSpec {
@@ -86,6 +95,10 @@ pub struct ProvenanceRuleSpec {
     /// How values are compared (default `text`: case-sensitive).
     #[serde(default, rename = "match", skip_serializing_if = "is_default")]
     pub matching: MatchMode,
+    /// Check the targets embedded in the value's text rather than the
+    /// whole value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub within: Option<Within>,
 }
 
 /// The trust of an action's results, as written under `output:`.
@@ -130,13 +143,18 @@ pub enum ProvenanceSpecError {
         /// Position in `provenance`.
         rule: usize,
     },
-    /// Two rules on one argument path.
-    #[error("provenance rule {rule}: a second rule on argument `{argument}`; merge them into one")]
+    /// Two rules on one argument path (and the same `within`).
+    #[error(
+        "provenance rule {rule}: a second rule on argument `{argument}`{}; merge them into one",
+        within_suffix(*.within)
+    )]
     DuplicateArgument {
         /// Position in `provenance`.
         rule: usize,
         /// The path.
         argument: String,
+        /// The rules' `within`.
+        within: Option<Within>,
     },
     /// A result field path does not parse.
     #[error("invalid result field path `{path}`: {message}")]
@@ -149,6 +167,10 @@ pub enum ProvenanceSpecError {
     /// An outbound read without a provenance rule on its target.
     #[error("an outbound read needs a provenance rule on the argument that names what it fetches")]
     OutboundWithoutRule,
+}
+
+fn within_suffix(within: Option<Within>) -> String {
+    within.map_or_else(String::new, |w| format!(" within {}", w.as_str()))
 }
 
 impl ProvenanceSpecError {
@@ -172,6 +194,7 @@ pub struct ProvenanceRule {
     from: Vec<Origin>,
     otherwise: Otherwise,
     matching: MatchMode,
+    within: Option<Within>,
 }
 
 impl ProvenanceRule {
@@ -190,9 +213,24 @@ impl ProvenanceRule {
         self.otherwise
     }
 
-    /// The comparison.
+    /// The comparison as written (targets found by `within: emails` or
+    /// `within: hosts` are compared caselessly whatever it says).
     pub fn matching(&self) -> MatchMode {
         self.matching
+    }
+
+    /// The embedded targets the rule checks, if it checks those rather
+    /// than the whole value.
+    pub fn within(&self) -> Option<Within> {
+        self.within
+    }
+
+    /// The comparison applied to what the rule checks.
+    fn effective_matching(&self) -> MatchMode {
+        match self.within {
+            Some(w) if w.caseless() => MatchMode::Caseless,
+            _ => self.matching,
+        }
     }
 
     /// One line saying what the rule does.
@@ -208,7 +246,7 @@ impl ProvenanceRule {
             [one] => (*one).to_owned(),
             [init @ .., last] => format!("{} or {last}", init.join(", ")),
         };
-        let how = match self.matching {
+        let how = match self.effective_matching() {
             MatchMode::Text => "case-sensitive",
             MatchMode::Caseless => "case-insensitive",
         };
@@ -216,10 +254,20 @@ impl ProvenanceRule {
             Otherwise::Escalate => "escalate to a human",
             Otherwise::Deny => "deny the call",
         };
-        format!(
-            "argument `{}`{each} must occur whole in {from} ({how}); otherwise {otherwise}",
-            self.path
-        )
+        match self.within {
+            None => format!(
+                "argument `{}`{each} must occur whole in {from} ({how}); otherwise {otherwise}",
+                self.path
+            ),
+            Some(w) => format!(
+                "{} inside argument `{}`{each} must occur whole in {from} ({how}; invisible \
+                 characters, compatibility forms and IDNA dots are read through to find it, \
+                 and a look-alike of a vouched one is denied); otherwise {otherwise}; a value \
+                 with none passes",
+                w.describe(),
+                self.path
+            ),
+        }
     }
 }
 
@@ -228,6 +276,9 @@ impl ProvenanceRule {
 pub struct OutputTrust {
     default: Origin,
     fields: Vec<(ValuePath, Origin)>,
+    /// Compiled from an `output:` section (rather than the default of an
+    /// action that declares none).
+    declared: bool,
 }
 
 impl Default for OutputTrust {
@@ -242,6 +293,7 @@ impl OutputTrust {
         Self {
             default: Origin::Untrusted,
             fields: Vec::new(),
+            declared: false,
         }
     }
 
@@ -260,6 +312,7 @@ impl OutputTrust {
         Ok(Self {
             default: spec.trust.origin(),
             fields,
+            declared: true,
         })
     }
 
@@ -283,7 +336,7 @@ impl OutputTrust {
         let mut out = vec![format!(
             "results are {}{}",
             self.default.as_str(),
-            if self.default == Origin::Untrusted && self.fields.is_empty() {
+            if !self.declared {
                 " (the default: no trust declared)"
             } else {
                 ""
@@ -313,12 +366,17 @@ pub struct ActionProvenance {
 pub struct ArgumentProvenance {
     /// The rule's argument path.
     pub argument: String,
+    /// The rule's `within`: the values are targets found inside the
+    /// argument's text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub within: Option<Within>,
     /// The origins the rule accepts.
     pub from: Vec<Origin>,
     /// `allow` if every value is vouched for, else the rule's verdict
     /// (`deny` for a look-alike or a structure mismatch).
     pub verdict: Verdict,
-    /// Each value the path selected, in argument order.
+    /// Each value checked, in argument order: the values the path
+    /// selected, or with `within:` the targets found inside them.
     pub values: Vec<ValueProvenance>,
 }
 
@@ -359,10 +417,14 @@ impl ActionProvenance {
             if spec.from.contains(&Origin::None) {
                 return Err(ProvenanceSpecError::NoneInFrom { rule });
             }
-            if compiled.iter().any(|r| r.path == path) {
+            if compiled
+                .iter()
+                .any(|r| r.path == path && r.within == spec.within)
+            {
                 return Err(ProvenanceSpecError::DuplicateArgument {
                     rule,
                     argument: spec.argument.clone(),
+                    within: spec.within,
                 });
             }
             let mut from = spec.from.clone();
@@ -373,6 +435,7 @@ impl ActionProvenance {
                 from,
                 otherwise: spec.otherwise,
                 matching: spec.matching,
+                within: spec.within,
             });
         }
         if outbound_read && compiled.is_empty() {
@@ -436,14 +499,32 @@ impl ActionProvenance {
     /// the arguments' structure is denied (`argument_wrong_type:<path>`); an
     /// absent argument selects no value and passes (whether it may be
     /// absent is the schema's decision; no value of it reaches the tool).
-    /// Arrays and objects under a path are checked leaf by leaf.
+    /// Arrays and objects under a path are checked leaf by leaf; a rule
+    /// with `within:` checks each target found inside each string leaf.
     pub fn decide(&self, arguments: &Value, sources: &SourceIndex) -> ProvenanceDecision {
+        self.decide_except(arguments, sources, &[])
+    }
+
+    /// [`ActionProvenance::decide`], with the values at `skip_paths`
+    /// exempted: the literal positions of an admitted plan, which the plan
+    /// vouches for. A skip path is a concrete argument path as this module
+    /// writes them (`recipient`, `to[1]`, `a.b[0].c`); it exempts the value
+    /// there and everything below it (`to` exempts `to[0]`, `to[1]`, ...;
+    /// never `total`). An exempted value is reported with origin `plan`,
+    /// vouched, and is not searched (nor, under `within:`, its targets).
+    pub fn decide_except(
+        &self,
+        arguments: &Value,
+        sources: &SourceIndex,
+        skip_paths: &[String],
+    ) -> ProvenanceDecision {
         let mut out = Vec::with_capacity(self.rules.len());
         let mut reasons: Vec<(Verdict, Reason)> = Vec::new();
         let mut budget = MAX_VALUES_PER_CALL;
         for rule in &self.rules {
             let mut arg = ArgumentProvenance {
                 argument: rule.path.to_string(),
+                within: rule.within,
                 from: rule.from.clone(),
                 verdict: Verdict::Allow,
                 values: Vec::new(),
@@ -464,7 +545,8 @@ impl ActionProvenance {
             for (path, value) in selected {
                 collect_leaves(path, value, &mut leaves);
             }
-            if leaves.len() > budget {
+            let checks = checks(rule.within, leaves, skip_paths, budget);
+            if checks.len() > budget {
                 arg.verdict = Verdict::Deny;
                 reasons.push((
                     Verdict::Deny,
@@ -474,11 +556,24 @@ impl ActionProvenance {
                 budget = 0;
                 continue;
             }
-            budget -= leaves.len();
-            for (path, value) in leaves {
-                let p = sources.provenance(path, value, rule.matching);
-                let vouched = p.origins.iter().any(|o| rule.from.contains(o));
-                if !vouched {
+            budget -= checks.len();
+            let matching = rule.effective_matching();
+            for check in checks {
+                let (path, value, embedded) = match check {
+                    Check::Exempt(path) => {
+                        arg.values.push(ValueProvenance::plan_literal(path));
+                        continue;
+                    }
+                    Check::Value {
+                        path,
+                        value,
+                        embedded,
+                    } => (path, value, embedded),
+                };
+                let mut p = sources.provenance(path, &value, matching);
+                p.embedded = embedded;
+                p.vouched = p.origins.iter().any(|o| rule.from.contains(o));
+                if !p.vouched {
                     let (verdict, code) = match &p.confusable_with {
                         Some(hit) if rule.from.contains(&hit.origin) => {
                             (Verdict::Deny, reasons::ARGUMENT_CONFUSABLE)
@@ -511,6 +606,74 @@ impl ActionProvenance {
             arguments: out,
         }
     }
+}
+
+/// One value a rule checks.
+enum Check<'a> {
+    /// At a literal position of the plan.
+    Exempt(String),
+    /// Searched in the index.
+    Value {
+        path: String,
+        value: Cow<'a, Value>,
+        embedded: Option<EmbeddedAt>,
+    },
+}
+
+/// Whether the concrete path `path` is at or below one of `skip_paths`.
+fn exempt(path: &str, skip_paths: &[String]) -> bool {
+    skip_paths.iter().any(|s| {
+        path.strip_prefix(s.as_str())
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
+    })
+}
+
+/// What a rule checks among `leaves`: each leaf, or with `within` each
+/// target found in each string leaf; exempted leaves as such. Stops past
+/// `budget` values (the caller refuses the call then).
+fn checks<'a>(
+    within: Option<Within>,
+    leaves: Vec<(String, &'a Value)>,
+    skip_paths: &[String],
+    budget: usize,
+) -> Vec<Check<'a>> {
+    let mut out = Vec::with_capacity(leaves.len());
+    for (path, value) in leaves {
+        if out.len() > budget {
+            break;
+        }
+        if exempt(&path, skip_paths) {
+            out.push(Check::Exempt(path));
+            continue;
+        }
+        let Some(within) = within else {
+            out.push(Check::Value {
+                path,
+                value: Cow::Borrowed(value),
+                embedded: None,
+            });
+            continue;
+        };
+        // A number, boolean or null holds no embedded target.
+        let Value::String(text) = value else {
+            continue;
+        };
+        for target in embedded_targets(text, within) {
+            out.push(Check::Value {
+                path: path.clone(),
+                value: Cow::Owned(Value::String(target.text)),
+                embedded: Some(EmbeddedAt {
+                    within,
+                    start: target.start,
+                    end: target.end,
+                }),
+            });
+            if out.len() > budget {
+                break;
+            }
+        }
+    }
+    out
 }
 
 /// The more restrictive of two verdicts among allow, escalate and deny.

@@ -485,6 +485,59 @@ impl SourceIndex {
         ))
     }
 
+    /// The first field of the source `source` in which the scalar `value`
+    /// occurs whole, by the matching rules of [`SourceIndex::provenance`]
+    /// (token runs within one field; a short value only as a whole field).
+    /// Fields of a vouching origin are compared as `mode` says, untrusted
+    /// fields caselessly (the only form they keep). Any origin counts: this
+    /// answers "is the value in that call's result", not "is it vouched".
+    /// `None` for a source never recorded or recorded past the index's
+    /// bounds (what was not indexed holds nothing), and for arrays and
+    /// objects.
+    pub fn occurrence_in(
+        &self,
+        source: &SourceId,
+        value: &Value,
+        mode: MatchMode,
+    ) -> Option<OriginHit> {
+        let at = self.sources.iter().position(|s| &s.id == source)?;
+        let at = u32::try_from(at).ok()?;
+        let needle = self.needle(value, mode)?;
+        let mut fields = Vec::new();
+        let vouching = |f: &Field| f.source == at && f.origin != Origin::Untrusted;
+        match mode {
+            MatchMode::Text => self.find(
+                Stream::Exact,
+                &needle.exact,
+                needle.short,
+                vouching,
+                &mut fields,
+            ),
+            MatchMode::Caseless => self.find(
+                Stream::Caseless,
+                &needle.caseless,
+                needle.short,
+                vouching,
+                &mut fields,
+            ),
+        }
+        self.find(
+            Stream::Caseless,
+            &needle.caseless,
+            needle.short,
+            |f| f.source == at && f.origin == Origin::Untrusted,
+            &mut fields,
+        );
+        let first = fields.into_iter().min()?;
+        self.hit(first).map(|(h, _)| h)
+    }
+
+    /// Whether the scalar `value` occurs whole in the source `source`: see
+    /// [`SourceIndex::occurrence_in`].
+    pub fn occurs_in(&self, source: &SourceId, value: &Value, mode: MatchMode) -> bool {
+        self.occurrence_in(source, value, mode).is_some()
+    }
+
     /// Where a scalar value occurs: every origin, the first hit per origin
     /// (and memory owner), whether it is short, whether it carries invisible
     /// characters, and, when no vouching source holds it even caselessly,
@@ -585,6 +638,8 @@ impl SourceIndex {
             invisible: needle.invisible,
             confusable_with,
             unsearchable_content: self.has_unsearchable(),
+            vouched: false,
+            embedded: None,
         }
     }
 }
