@@ -8,6 +8,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use serde_json::json;
 use warden::{CallResult, OpenSession, ProposedCall, SessionOpening, SessionRefusal};
+use warden_core::envelope::sign::SignedEnvelope;
 use warden_core::ids::{CallId, SessionId};
 use warden_store::Store;
 
@@ -27,12 +28,19 @@ pub(crate) async fn open<S: Store>(
     AnyCaller(caller): AnyCaller,
     JsonBody(req): JsonBody<OpenSessionRequest>,
 ) -> ApiResult<Reply<SessionBody>> {
+    let from_envelope = match req.from_envelope {
+        None => None,
+        Some(v) => Some(serde_json::from_value::<SignedEnvelope>(v).map_err(|e| {
+            ApiError::invalid("invalid_value", format!("`from_envelope` {e}"))
+                .with_details(json!({"field": "from_envelope"}))
+        })?),
+    };
     let request = OpenSession {
         session_id: req.session_id,
         agent: req.agent_id,
         trusted_inputs: req.trusted_inputs,
         plan: req.plan,
-        from_envelope: req.from_envelope,
+        from_envelope,
     };
     match st.engine().open_session(&caller, request).await? {
         SessionOpening::Opened {

@@ -5,7 +5,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use warden::{CallAnswer, SessionView};
 use warden_core::envelope::Sensitivity;
-use warden_core::envelope::sign::SignedEnvelope;
 use warden_core::ids::{ActionName, AgentId, CallId, Label, SessionId, StepId};
 use warden_store::{CallRecord, CallStatus, SessionStatus};
 
@@ -31,9 +30,11 @@ pub struct OpenSessionRequest {
     /// `{"$bind": {"step"?, "from"?, "otherwise"?, "match"?}}`.
     #[serde(default)]
     pub plan: Option<Value>,
-    /// A signed envelope from an issuer the bundle trusts.
+    /// A signed envelope from an issuer the bundle trusts, as
+    /// `GET /v1/runs/{run}/envelope/signed` answers it:
+    /// `{envelope, issuer, signature}`.
     #[serde(default)]
-    pub from_envelope: Option<SignedEnvelope>,
+    pub from_envelope: Option<Value>,
 }
 
 /// `POST /v1/sessions/{id}/calls`: decide one tool call before it runs.
