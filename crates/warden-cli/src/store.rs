@@ -11,7 +11,7 @@ use warden_store::MemoryStore;
 #[derive(Debug)]
 pub enum AnyStore {
     /// `memory://`: nothing survives the process.
-    Memory(MemoryStore),
+    Memory(Box<MemoryStore>),
     /// `sqlite://FILE`: the embedded default.
     Sqlite(warden_sqlite::SqliteStore),
     /// `postgres://...` or `postgresql://...`: one database shared by
@@ -27,7 +27,7 @@ pub async fn open(url: &str) -> anyhow::Result<AnyStore> {
         );
     };
     match scheme {
-        "memory" => Ok(AnyStore::Memory(MemoryStore::new())),
+        "memory" => Ok(AnyStore::Memory(Box::default())),
         "sqlite" => Ok(AnyStore::Sqlite(
             warden_sqlite::SqliteStore::open(url)
                 .await

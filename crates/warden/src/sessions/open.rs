@@ -366,10 +366,6 @@ impl<S: Store> Engine<S> {
     /// of a verified imported envelope, else of the agent's inherited
     /// envelope, else a new root. `Err((reason, details))` refuses the
     /// session.
-    #[expect(
-        clippy::type_complexity,
-        reason = "a refusal reason beside the three parts of an opened envelope"
-    )]
     async fn open_session_envelope(
         &self,
         caller: &Caller,

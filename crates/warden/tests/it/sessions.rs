@@ -78,16 +78,14 @@ agents:
 const ATTACKER: &str = "US133000000121212121212";
 const LANDLORD: &str = "GB29NWBK60161331926819";
 
-fn engine_on(store: Shared) -> impl std::future::Future<Output = Engine<Shared>> {
-    async move {
-        Engine::open(
-            warden_core::bundle::compile(SESSION_POLICY).unwrap(),
-            store,
-            Arc::new(ManualClock::new(Timestamp(1_700_000_000_000))),
-        )
-        .await
-        .unwrap()
-    }
+async fn engine_on(store: Shared) -> Engine<Shared> {
+    Engine::open(
+        warden_core::bundle::compile(SESSION_POLICY).unwrap(),
+        store,
+        Arc::new(ManualClock::new(Timestamp(1_700_000_000_000))),
+    )
+    .await
+    .unwrap()
 }
 
 fn agent() -> Caller {
