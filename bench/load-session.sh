@@ -37,29 +37,9 @@ BIN="$TARGET/release/warden"
 WORK=$(mktemp -d)
 DATABASE=${DATABASE:-sqlite://$WORK/bench.db}
 OP="bench-$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')"
-WARDEN_OPERATOR_TOKEN="$OP" WARDEN_LOG=warn \
-  "$BIN" serve --policy bench/agentdojo/bundles/banking.yaml --database "$DATABASE" \
-  --listen 127.0.0.1:0 >"$WORK/stdout" 2>"$WORK/stderr" &
-PID=$!
-cleanup() {
-  kill -TERM "$PID" 2>/dev/null || true
-  wait "$PID" 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-URL=""
-for _ in $(seq 1 300); do
-  URL=$(sed -n 's/^listening on //p' "$WORK/stdout")
-  [ -n "$URL" ] && break
-  if ! kill -0 "$PID" 2>/dev/null; then
-    echo "warden serve exited:" >&2
-    cat "$WORK/stderr" >&2
-    exit 1
-  fi
-  sleep 0.1
-done
-[ -n "$URL" ] || { echo "warden serve did not start within 30 s" >&2; exit 1; }
+# shellcheck source=bench/serve.sh
+. bench/serve.sh
+start_warden "$BIN" "$WORK" --policy bench/agentdojo/bundles/banking.yaml --database "$DATABASE"
 
 TOKEN=$(curl -fsS -X POST -H "Authorization: Bearer $OP" "$URL/v1/agents/agent/tokens" |
   sed -n 's/.*"token":"\([^"]*\)".*/\1/p')
