@@ -366,7 +366,7 @@ impl<S: Store> Engine<S> {
     /// of a verified imported envelope, else of the agent's inherited
     /// envelope, else a new root. `Err((reason, details))` refuses the
     /// session.
-    #[expect(
+    #[allow(
         clippy::type_complexity,
         reason = "a refusal reason beside the three parts of an opened envelope"
     )]
