@@ -17,11 +17,11 @@
 //!   COMMITTED), so of updaters expecting one revision exactly one writes.
 
 use warden_core::envelope::EnvelopeRecord;
-use warden_core::ids::{AgentId, SessionId};
+use warden_core::ids::{AgentId, CallId, SessionId};
 use warden_core::time::Timestamp;
 use warden_store::{
-    AuditFn, CallRecord, CreateSession, Entity, EnvelopeImport, SessionRecord, SessionState,
-    SessionUpdate, StoreError, UpdateSession, decide_import,
+    AuditFn, CallRecord, CreateSession, Entity, EnvelopeImport, SessionHead, SessionRecord,
+    SessionState, SessionUpdate, StoreError, UpdateSession, decide_import,
 };
 
 use crate::codec::{self, corrupt, text_in, u64_in, u64_out};
@@ -291,6 +291,45 @@ pub(crate) async fn get_session(
     let state = load_in(&mut tx, session_id.as_str(), sql::GET_SESSION).await?;
     tx.commit().await?;
     Ok(state)
+}
+
+pub(crate) async fn get_session_head(
+    store: &PgStore,
+    session_id: SessionId,
+    call_id: Option<CallId>,
+) -> Result<Option<SessionHead>, StoreError> {
+    let id = session_id.as_str();
+    let mut conn = store.inner.pool.get().await?;
+    // The row, the count and the call from one snapshot.
+    let mut tx = conn.conn()?.snapshot().await?;
+    let Some(row) = tx.query_opt(sql::GET_SESSION, &[&id]).await? else {
+        tx.commit().await?;
+        return Ok(None);
+    };
+    let session = session_out(&row)?;
+    let sources: Vec<u8> = row.try_get(5).map_err(crate::error::column)?;
+    let count: i64 = tx
+        .query_opt(sql::SESSION_CALL_COUNT, &[&id])
+        .await?
+        .ok_or_else(|| corrupt(format!("session `{id}`: no count of its calls")))?
+        .try_get(0)
+        .map_err(crate::error::column)?;
+    let calls = u64_out(count, "session call count")?;
+    let call = match &call_id {
+        None => None,
+        Some(call_id) => tx
+            .query_opt(sql::SESSION_CALL, &[&id, &call_id.as_str()])
+            .await?
+            .map(|r| call_out(id, &r))
+            .transpose()?,
+    };
+    tx.commit().await?;
+    Ok(Some(SessionHead {
+        session,
+        sources,
+        calls,
+        call,
+    }))
 }
 
 async fn current_revision(tx: &mut Tx<'_>, id: &str) -> Result<Option<u64>, StoreError> {

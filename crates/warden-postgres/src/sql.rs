@@ -200,6 +200,9 @@ pub const GET_SESSION: &str = concat!(
 );
 pub const SESSION_CALLS: &str = "SELECT call_id, seq, record FROM session_calls \
      WHERE session_id = $1 ORDER BY seq, call_id";
+pub const SESSION_CALL_COUNT: &str = "SELECT count(*) FROM session_calls WHERE session_id = $1";
+pub const SESSION_CALL: &str = "SELECT call_id, seq, record FROM session_calls \
+     WHERE session_id = $1 AND call_id = $2";
 pub const SESSION_REVISION: &str = "SELECT revision FROM sessions WHERE session_id = $1";
 /// The compare-and-set: zero rows means the stored revision is not `$7`
 /// (or there is no such session). `$6` NULL keeps the source index.

@@ -7,15 +7,15 @@ use warden_core::audit::{AuditDraft, AuditEntry, ChainHead, Digest};
 use warden_core::decision::Subject;
 use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::hierarchy::AgentStatus;
-use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, SessionId, StepId};
+use warden_core::ids::{ActionName, AgentId, CallId, Key, Namespace, RunId, SessionId, StepId};
 use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 use warden_store::{
     AuditFn, CreateRun, CreateSession, Delete, DeleteOutcome, EnvelopeImport, EscalationRecord,
     EscalationResolution, EscalationStatus, EscalationTarget, PutEnvelope, PutEscalation,
-    PutOutcome, RecordStep, ResolveEscalation, RunRecord, RunState, RunsInFlight, SessionRecord,
-    SessionState, SessionUpdate, StepOutcome, StorageQuota, Store, StoreError, StoredAgent,
-    TokenRecord, UpdateSession, Usage,
+    PutOutcome, RecordStep, ResolveEscalation, RunRecord, RunState, RunsInFlight, SessionHead,
+    SessionRecord, SessionState, SessionUpdate, StepOutcome, StorageQuota, Store, StoreError,
+    StoredAgent, TokenRecord, UpdateSession, Usage,
 };
 
 use crate::store::PgStore;
@@ -208,6 +208,14 @@ impl Store for PgStore {
 
     async fn get_session(&self, session_id: SessionId) -> Result<Option<SessionState>, StoreError> {
         crate::sessions::get_session(self, session_id).await
+    }
+
+    async fn get_session_head(
+        &self,
+        session_id: SessionId,
+        call_id: Option<CallId>,
+    ) -> Result<Option<SessionHead>, StoreError> {
+        crate::sessions::get_session_head(self, session_id, call_id).await
     }
 
     async fn update_session(

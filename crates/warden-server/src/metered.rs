@@ -63,7 +63,8 @@ impl<S: Store> Store for Metered<S> {
     // Reads append nothing: forwarded as they are.
     warden_store::forward_store!(field inner;
         load_agents, find_token, get_records, owner_usage, audit_page, audit_head, get_run,
-        get_envelope, get_escalation, list_escalations, get_session, list_sessions);
+        get_envelope, get_escalation, list_escalations, get_session, get_session_head,
+        list_sessions);
 
     async fn insert_agent(
         &self,

@@ -12,10 +12,10 @@
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use warden_core::envelope::EnvelopeRecord;
-use warden_core::ids::{AgentId, SessionId};
+use warden_core::ids::{AgentId, CallId, SessionId};
 use warden_store::{
-    AuditFn, CallRecord, CreateSession, Entity, EnvelopeImport, PutEnvelope, SessionRecord,
-    SessionState, SessionUpdate, StoreError, UpdateSession, decide_import,
+    AuditFn, CallRecord, CreateSession, Entity, EnvelopeImport, PutEnvelope, SessionHead,
+    SessionRecord, SessionState, SessionUpdate, StoreError, UpdateSession, decide_import,
 };
 
 use crate::codec::{self, canonical_text};
@@ -50,11 +50,11 @@ fn session_from_row(row: &Row<'_>) -> Result<SessionRecord, StoreError> {
     Ok(record)
 }
 
-/// A session with its source index and calls (by `seq`), if stored.
-pub(crate) fn load_session(
+/// The session row and its source index, if stored.
+fn load_row(
     conn: &Connection,
     session_id: &SessionId,
-) -> Result<Option<SessionState>, StoreError> {
+) -> Result<Option<(SessionRecord, Vec<u8>)>, StoreError> {
     let found = conn
         .prepare_cached(&format!(
             "SELECT {SESSION_COLUMNS}, sources FROM sessions WHERE session_id = ?1"
@@ -69,8 +69,32 @@ pub(crate) fn load_session(
         return Ok(None);
     };
     let session = session?;
-    let what = format!("session `{session_id}`");
-    let sources = sources.map_err(|e| corrupt(&what, e))?;
+    let sources = sources.map_err(|e| corrupt(format!("session `{session_id}`"), e))?;
+    Ok(Some((session, sources)))
+}
+
+/// A call row of `call_id, seq, record`; the record must agree with the
+/// columns that repeat it.
+fn call_from_row(session_id: &SessionId, row: &Row<'_>) -> Result<CallRecord, StoreError> {
+    let call_id: String = codec::column(row, 0, &format!("session `{session_id}`"))?;
+    let what = format!("call `{session_id}/{call_id}`");
+    let seq: i64 = codec::column(row, 1, &what)?;
+    let text: String = codec::column(row, 2, &what)?;
+    let call: CallRecord = codec::from_json(&what, &text)?;
+    if call.call_id.as_str() != call_id || i64::try_from(call.seq).ok() != Some(seq) {
+        return Err(corrupt(what, "the record does not match its columns"));
+    }
+    Ok(call)
+}
+
+/// A session with its source index and calls (by `seq`), if stored.
+pub(crate) fn load_session(
+    conn: &Connection,
+    session_id: &SessionId,
+) -> Result<Option<SessionState>, StoreError> {
+    let Some((session, sources)) = load_row(conn, session_id)? else {
+        return Ok(None);
+    };
     let mut stmt = conn
         .prepare_cached(
             "SELECT call_id, seq, record FROM session_calls WHERE session_id = ?1 \
@@ -80,20 +104,52 @@ pub(crate) fn load_session(
     let mut rows = stmt.query([session_id.as_str()]).store()?;
     let mut calls = Vec::new();
     while let Some(row) = rows.next().store()? {
-        let call_id: String = codec::column(row, 0, &what)?;
-        let what = format!("call `{session_id}/{call_id}`");
-        let seq: i64 = codec::column(row, 1, &what)?;
-        let text: String = codec::column(row, 2, &what)?;
-        let call: CallRecord = codec::from_json(&what, &text)?;
-        if call.call_id.as_str() != call_id || i64::try_from(call.seq).ok() != Some(seq) {
-            return Err(corrupt(what, "the record does not match its columns"));
-        }
-        calls.push(call);
+        calls.push(call_from_row(session_id, row)?);
     }
     Ok(Some(SessionState {
         session,
         sources,
         calls,
+    }))
+}
+
+/// A session's row, source index, number of calls and the call `call_id`
+/// (by its primary key), if stored; call it inside one read transaction.
+pub(crate) fn load_head(
+    conn: &Connection,
+    session_id: &SessionId,
+    call_id: Option<&CallId>,
+) -> Result<Option<SessionHead>, StoreError> {
+    let Some((session, sources)) = load_row(conn, session_id)? else {
+        return Ok(None);
+    };
+    let what = format!("session `{session_id}`");
+    let count: i64 = conn
+        .prepare_cached("SELECT count(*) FROM session_calls WHERE session_id = ?1")
+        .store()?
+        .query_row([session_id.as_str()], |r| r.get(0))
+        .store()?;
+    let calls = codec::to_u64(&what, count)?;
+    let call = match call_id {
+        None => None,
+        Some(call_id) => conn
+            .prepare_cached(
+                "SELECT call_id, seq, record FROM session_calls \
+                 WHERE session_id = ?1 AND call_id = ?2",
+            )
+            .store()?
+            .query_row(params![session_id.as_str(), call_id.as_str()], |row| {
+                Ok(call_from_row(session_id, row))
+            })
+            .optional()
+            .store()?
+            .transpose()?,
+    };
+    Ok(Some(SessionHead {
+        session,
+        sources,
+        calls,
+        call,
     }))
 }
 

@@ -9,15 +9,16 @@ use warden_core::audit::{AuditDraft, AuditEntry, ChainHead};
 use warden_core::decision::Subject;
 use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::hierarchy::AgentStatus;
-use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, SessionId, StepId};
+use warden_core::ids::{ActionName, AgentId, CallId, Key, Namespace, RunId, SessionId, StepId};
 use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 use warden_store::{
     AuditFn, CreateRun, CreateSession, Delete, DeleteOutcome, Entity, EnvelopeImport,
     EscalationRecord, EscalationResolution, EscalationStatus, EscalationTarget, HeadAnchor,
     PutEnvelope, PutEscalation, PutOutcome, RecordStep, ResolveEscalation, RunRecord, RunState,
-    RunsInFlight, SessionRecord, SessionState, SessionUpdate, StepOutcome, StorageQuota, Store,
-    StoreError, StoredAgent, TokenRecord, UpdateSession, Usage, VerifyError, VerifyReport,
+    RunsInFlight, SessionHead, SessionRecord, SessionState, SessionUpdate, StepOutcome,
+    StorageQuota, Store, StoreError, StoredAgent, TokenRecord, UpdateSession, Usage, VerifyError,
+    VerifyReport,
 };
 
 use crate::audit::audit_page_in;
@@ -606,6 +607,21 @@ impl Store for SqliteStore {
             let state = sessions::load_session(&tx, &session_id)?;
             tx.finish().store()?;
             Ok(state)
+        })
+        .await
+    }
+
+    async fn get_session_head(
+        &self,
+        session_id: SessionId,
+        call_id: Option<CallId>,
+    ) -> Result<Option<SessionHead>, StoreError> {
+        self.read(move |conn| {
+            // The row, the count and the call from one snapshot.
+            let tx = conn.transaction().store()?;
+            let head = sessions::load_head(&tx, &session_id, call_id.as_ref())?;
+            tx.finish().store()?;
+            Ok(head)
         })
         .await
     }

@@ -61,6 +61,7 @@ macro_rules! forward_store {
                 consume_escalation,
                 create_session,
                 get_session,
+                get_session_head,
                 update_session,
                 list_sessions);
         }
@@ -94,6 +95,7 @@ macro_rules! forward_store {
                 consume_escalation,
                 create_session,
                 get_session,
+                get_session_head,
                 update_session,
                 list_sessions);
         }
@@ -352,6 +354,15 @@ macro_rules! __forward_one {
             session_id: $crate::__core::ids::SessionId,
         ) -> Result<Option<$crate::SessionState>, $crate::StoreError> {
             $crate::__forward_call!(self, $how, get_session(session_id))
+        }
+    };
+    (get_session_head, $how:tt) => {
+        async fn get_session_head(
+            &self,
+            session_id: $crate::__core::ids::SessionId,
+            call_id: Option<$crate::__core::ids::CallId>,
+        ) -> Result<Option<$crate::SessionHead>, $crate::StoreError> {
+            $crate::__forward_call!(self, $how, get_session_head(session_id, call_id))
         }
     };
     (update_session, $how:tt) => {

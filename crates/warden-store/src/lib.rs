@@ -51,7 +51,7 @@ use warden_core::audit::{AuditDraft, AuditEntry, ChainHead, Digest};
 use warden_core::decision::Subject;
 use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::hierarchy::AgentStatus;
-use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, SessionId, StepId};
+use warden_core::ids::{ActionName, AgentId, CallId, Key, Namespace, RunId, SessionId, StepId};
 use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 
@@ -317,6 +317,16 @@ pub trait Store: Send + Sync + 'static {
         &self,
         session_id: SessionId,
     ) -> impl Future<Output = Result<Option<SessionState>, StoreError>> + Send;
+
+    /// A session's row, source index and number of calls, with the one
+    /// call `call_id` (if given and decided), from one snapshot: what
+    /// deciding a call needs, at a cost that does not grow with the
+    /// session's calls. Agrees with [`Store::get_session`].
+    fn get_session_head(
+        &self,
+        session_id: SessionId,
+        call_id: Option<CallId>,
+    ) -> impl Future<Output = Result<Option<SessionHead>, StoreError>> + Send;
 
     /// Apply one change to a session if its stored revision is
     /// `expected_revision` (and `update.session.revision` is one more):

@@ -9,7 +9,7 @@ use warden_core::audit::{AuditDraft, AuditEntry, ChainHead, Digest};
 use warden_core::decision::Subject;
 use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::hierarchy::AgentStatus;
-use warden_core::ids::{ActionName, AgentId, Key, Namespace, RunId, SessionId, StepId};
+use warden_core::ids::{ActionName, AgentId, CallId, Key, Namespace, RunId, SessionId, StepId};
 use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 
@@ -17,9 +17,9 @@ use crate::{
     AuditFn, CreateRun, CreateSession, Delete, DeleteOutcome, Entity, EnvelopeImport,
     EscalationRecord, EscalationResolution, EscalationStatus, EscalationTarget, PutEnvelope,
     PutEscalation, PutOutcome, RecordStep, ResolveEscalation, RunRecord, RunState, RunsInFlight,
-    SessionRecord, SessionState, SessionUpdate, StepOutcome, StorageQuota, Store, StoreError,
-    StoredAgent, TokenRecord, UpdateSession, Usage, decide_import, decide_put, encoded_len,
-    run_finished,
+    SessionHead, SessionRecord, SessionState, SessionUpdate, StepOutcome, StorageQuota, Store,
+    StoreError, StoredAgent, TokenRecord, UpdateSession, Usage, decide_import, decide_put,
+    encoded_len, run_finished,
 };
 
 type RecordKey = (AgentId, Namespace, Key);
@@ -653,6 +653,18 @@ impl Store for MemoryStore {
             .get(&session_id)
             .and_then(|&i| g.sessions.get(i))
             .cloned())
+    }
+
+    async fn get_session_head(
+        &self,
+        session_id: SessionId,
+        call_id: Option<CallId>,
+    ) -> Result<Option<SessionHead>, StoreError> {
+        let g = self.lock()?;
+        Ok(g.session_index
+            .get(&session_id)
+            .and_then(|&i| g.sessions.get(i))
+            .map(|state| SessionHead::of(state, call_id.as_ref())))
     }
 
     async fn update_session(

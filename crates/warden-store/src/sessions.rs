@@ -217,6 +217,32 @@ impl SessionState {
     }
 }
 
+/// What deciding one call needs of a session, without its other calls
+/// ([`Store::get_session_head`](crate::Store::get_session_head)).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionHead {
+    /// The session row.
+    pub session: SessionRecord,
+    /// The serialised source index (`warden_core::provenance::SourceIndex`).
+    pub sources: Vec<u8>,
+    /// How many calls the session holds (the `seq` of the next one).
+    pub calls: u64,
+    /// The call asked for, if it was decided.
+    pub call: Option<CallRecord>,
+}
+
+impl SessionHead {
+    /// The head of `state` with the call `call_id` (if given and decided).
+    pub fn of(state: &SessionState, call_id: Option<&CallId>) -> Self {
+        Self {
+            session: state.session.clone(),
+            sources: state.sources.clone(),
+            calls: u64::try_from(state.calls.len()).unwrap_or(u64::MAX),
+            call: call_id.and_then(|id| state.call(id)).cloned(),
+        }
+    }
+}
+
 /// Outcome of [`Store::create_session`](crate::Store::create_session).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CreateSession {

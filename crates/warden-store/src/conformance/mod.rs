@@ -142,6 +142,7 @@ macro_rules! __conformance_tests {
             sessions_existing_and_duplicate_envelope,
             sessions_update_compare_and_set,
             sessions_call_upsert,
+            sessions_head,
             sessions_audit_follows_outcome,
             sessions_import_rules,
             sessions_race_create,
@@ -223,6 +224,7 @@ where
     sessions_existing_and_duplicate_envelope(factory().await).await;
     sessions_update_compare_and_set(factory().await).await;
     sessions_call_upsert(factory().await).await;
+    sessions_head(factory().await).await;
     sessions_audit_follows_outcome(factory().await).await;
     sessions_import_rules(factory().await).await;
     sessions_race_create(factory().await).await;

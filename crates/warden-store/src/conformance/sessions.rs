@@ -8,8 +8,8 @@ use warden_core::envelope::Sensitivity;
 
 use super::*;
 use crate::{
-    CallStatus, CreateSession, ImportRefusal, PutEnvelope, SessionClosure, SessionRecord,
-    SessionStatus, UpdateSession,
+    CallRecord, CallStatus, CreateSession, ImportRefusal, PutEnvelope, SessionClosure, SessionHead,
+    SessionRecord, SessionState, SessionStatus, UpdateSession,
 };
 
 mod fixtures;
@@ -118,6 +118,8 @@ pub async fn sessions_create_and_get<S: Store>(store: S) {
     );
     assert_eq!(got.calls, vec![first, middle, last]);
     assert_eq!(got.call(&cid("c-alpha")).map(|c| c.seq), Some(1));
+    heads_agree(&store, "s-full").await;
+    heads_agree(&store, "s-bare").await;
     // The session's envelope is not touched by session updates.
     assert_eq!(
         store.get_envelope(eid("env-s-full"), None).await.unwrap(),
@@ -373,8 +375,174 @@ pub async fn sessions_call_upsert<S: Store>(store: S) {
     let got = get(&store, "s-up").await.unwrap();
     assert_eq!(got.calls, vec![call("c-b", 1), moved]);
     assert_eq!(got.session.revision, 5);
+    heads_agree(&store, "s-up").await;
     // The create and the four updates.
     assert_eq!(head_count(&store).await, 5);
+}
+
+/// [`Store::get_session_head`] of `id` agrees with
+/// [`Store::get_session`]: for no call, for every stored call id, and for
+/// an id no call has; returns the state it checked against.
+pub async fn heads_agree<S: Store>(store: &S, id: &str) -> SessionState {
+    let state = get(store, id).await.expect("the session is stored");
+    let calls = u64::try_from(state.calls.len()).unwrap();
+    let expect = |call: Option<CallRecord>| SessionHead {
+        session: state.session.clone(),
+        sources: state.sources.clone(),
+        calls,
+        call,
+    };
+    assert_eq!(
+        store.get_session_head(sid(id), None).await.unwrap(),
+        Some(expect(None)),
+        "head of `{id}` without a call"
+    );
+    for c in &state.calls {
+        assert_eq!(
+            store
+                .get_session_head(sid(id), Some(c.call_id.clone()))
+                .await
+                .unwrap(),
+            Some(expect(Some(c.clone()))),
+            "head of `{id}` with call `{}`",
+            c.call_id
+        );
+    }
+    assert_eq!(
+        store
+            .get_session_head(sid(id), Some(cid("c-never-decided")))
+            .await
+            .unwrap(),
+        Some(expect(None)),
+        "head of `{id}` with an unknown call"
+    );
+    state
+}
+
+/// The head of a session (row, index, number of calls, one call by id)
+/// agrees with the whole session after every kind of change: calls
+/// inserted, one replaced in place and moved, new sources, a conflicting
+/// update (nothing changes), a cancel; an unknown session has none, even
+/// with a call id another session holds.
+pub async fn sessions_head<S: Store>(store: S) {
+    assert_eq!(
+        store.get_session_head(sid("s-none"), None).await.unwrap(),
+        None
+    );
+    let mut session = bare("s-head", "agent-a", 10);
+    create(&store, state(session.clone(), b"\x00index"), None, None).await;
+    let s = heads_agree(&store, "s-head").await;
+    assert!(s.calls.is_empty());
+    let head = store
+        .get_session_head(sid("s-head"), None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (head.calls, head.sources.as_slice()),
+        (0, &b"\x00index"[..])
+    );
+
+    let mut rev = 1;
+    for (i, name) in ["c-zulu", "c-alpha", "c-mike"].into_iter().enumerate() {
+        session = next(&session);
+        let o = store
+            .update_session(
+                update(session.clone(), None, Some(call(name, i as u64))),
+                rev,
+                audit_if_updated(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(o, UpdateSession::Updated);
+        rev += 1;
+        let s = heads_agree(&store, "s-head").await;
+        assert_eq!(s.calls.len(), i + 1);
+    }
+    // A call replaced (same id: the count stays), with new sources.
+    let mut done = call("c-alpha", 1);
+    done.status = CallStatus::Completed;
+    done.result_hash = Some(Digest::of(b"out"));
+    done.completed_at = Some(Timestamp(80));
+    session = next(&session);
+    store
+        .update_session(
+            update(session.clone(), Some(b"more"), Some(done.clone())),
+            rev,
+            audit_if_updated(),
+        )
+        .await
+        .unwrap();
+    rev += 1;
+    heads_agree(&store, "s-head").await;
+    let head = store
+        .get_session_head(sid("s-head"), Some(cid("c-alpha")))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(head.calls, 3);
+    assert_eq!(head.call, Some(done));
+    assert_eq!(head.sources, b"more".to_vec());
+    assert_eq!(head.session.revision, rev);
+
+    // A stale update changes nothing the head shows.
+    let o = store
+        .update_session(
+            update(next(&session), None, Some(call("c-late", 3))),
+            rev - 1,
+            audit_if_updated(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(o, UpdateSession::Conflict { current: Some(rev) });
+    let s = heads_agree(&store, "s-head").await;
+    assert_eq!(s.calls.len(), 3);
+    assert_eq!(
+        store
+            .get_session_head(sid("s-head"), Some(cid("c-late")))
+            .await
+            .unwrap()
+            .unwrap()
+            .call,
+        None
+    );
+
+    // Cancelled, without a call.
+    session = next(&session);
+    session.status = SessionStatus::Cancelled;
+    store
+        .update_session(update(session.clone(), None, None), rev, audit_if_updated())
+        .await
+        .unwrap();
+    let s = heads_agree(&store, "s-head").await;
+    assert_eq!(s.session.status, SessionStatus::Cancelled);
+
+    // Another session's call id is not this session's; an unknown session
+    // has no head whatever the call id.
+    create(
+        &store,
+        state(bare("s-other", "agent-b", 11), b""),
+        None,
+        None,
+    )
+    .await;
+    let other = heads_agree(&store, "s-other").await;
+    assert!(other.calls.is_empty());
+    assert_eq!(
+        store
+            .get_session_head(sid("s-other"), Some(cid("c-zulu")))
+            .await
+            .unwrap()
+            .map(|h| (h.calls, h.call)),
+        Some((0, None))
+    );
+    assert_eq!(
+        store
+            .get_session_head(sid("s-none"), Some(cid("c-zulu")))
+            .await
+            .unwrap(),
+        None
+    );
 }
 
 /// Every outcome is handed to the `AuditFn` and exactly its entries commit

@@ -32,7 +32,7 @@ use warden_core::provenance::{Origin, Otherwise, SourceId, SourceIndex, ValuePro
 use warden_core::time::Timestamp;
 use warden_store::{
     CallRecord, CallStatus, EscalationRecord, EscalationStatus, EscalationTarget, PutEscalation,
-    SessionState, SessionStatus, SessionUpdate, Store, UpdateSession,
+    SessionHead, SessionStatus, SessionUpdate, Store, UpdateSession,
 };
 
 use super::session_reasons as sr;
@@ -175,8 +175,10 @@ impl<S: Store> Engine<S> {
         let mut approved = false;
         for _ in 0..MAX_SESSION_ATTEMPTS {
             let now = self.now();
-            let state = self.session_for(caller, session_id, false).await?;
-            let existing = state.call(&call_id).cloned();
+            let state = self
+                .head_for(caller, session_id, Some(&call_id), false)
+                .await?;
+            let existing = state.call.clone();
             if let Some(existing) = &existing {
                 if existing.arguments_hash != hash {
                     return Err(EngineError::Conflict {
@@ -190,7 +192,7 @@ impl<S: Store> Engine<S> {
                         .await;
                 }
             }
-            let index = self.restore_index(&state)?;
+            let index = self.restore_index_of(&state.session, &state.sources)?;
             let envelope = match (&state.session.envelope_id, self.context_policy()) {
                 (Some(id), Some(policy)) => Some(self.load_envelope(policy, id).await?),
                 _ => None,
@@ -249,9 +251,7 @@ impl<S: Store> Engine<S> {
             });
             let record = CallRecord {
                 call_id: call_id.clone(),
-                seq: existing
-                    .as_ref()
-                    .map_or(state.calls.len() as u64, |c| c.seq),
+                seq: existing.as_ref().map_or(state.calls, |c| c.seq),
                 action: ActionName::parse(&call.action)
                     .or_else(|_| ActionName::parse("unknown"))
                     .map_err(|e| EngineError::internal(format!("action name: {e}")))?,
@@ -393,7 +393,7 @@ impl<S: Store> Engine<S> {
     fn assess(
         &self,
         actor: &AgentId,
-        state: &SessionState,
+        state: &SessionHead,
         index: &SourceIndex,
         envelope: Option<&Envelope>,
         call: &ProposedCall,
@@ -402,7 +402,7 @@ impl<S: Store> Engine<S> {
         if state.session.status == SessionStatus::Cancelled {
             v.add(Verdict::Deny, sr::SESSION_CANCELLED);
         }
-        if state.calls.len() >= MAX_CALLS {
+        if state.calls >= MAX_CALLS as u64 {
             v.add(Verdict::Deny, sr::SESSION_CALL_LIMIT);
         }
         let policy = self.policy();

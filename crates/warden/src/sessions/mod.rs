@@ -37,7 +37,7 @@ use warden_core::decision::{Decision, Reason};
 use warden_core::envelope::EnvelopeRecord;
 use warden_core::ids::{CallId, SessionId};
 use warden_core::provenance::{FingerprintKey, IndexLimits, SourceIndex};
-use warden_store::{CallRecord, SessionState, Store};
+use warden_store::{CallRecord, SessionHead, SessionRecord, SessionState, Store};
 
 use crate::engine::{Caller, Engine};
 use crate::error::{EngineError, Missing};
@@ -204,13 +204,22 @@ impl<S: Store> Engine<S> {
         &self,
         state: &SessionState,
     ) -> Result<Arc<SourceIndex>, EngineError> {
-        let id = &state.session.session_id;
-        let revision = state.session.revision;
+        self.restore_index_of(&state.session, &state.sources)
+    }
+
+    /// [`Self::restore_index`] of a session row and its stored index bytes.
+    pub(crate) fn restore_index_of(
+        &self,
+        session: &SessionRecord,
+        sources: &[u8],
+    ) -> Result<Arc<SourceIndex>, EngineError> {
+        let id = &session.session_id;
+        let revision = session.revision;
         if let Some(hit) = self.inner.session_indexes.get(id, revision) {
             return Ok(hit);
         }
         let key = self.session_key(id)?;
-        let index = SourceIndex::from_bytes(&state.sources, key).map_err(|e| {
+        let index = SourceIndex::from_bytes(sources, key).map_err(|e| {
             EngineError::internal(format!("session `{id}`: stored index unreadable: {e}"))
         })?;
         let index = Arc::new(index);
@@ -231,7 +240,41 @@ impl<S: Store> Engine<S> {
         let Some(state) = self.inner.store.get_session(session_id.clone()).await? else {
             return Err(EngineError::not_found(Missing::Session, session_id));
         };
-        let agent = &state.session.agent;
+        self.check_visible(caller, &state.session, include_ancestors)?;
+        Ok(state)
+    }
+
+    /// The head of a session the caller may see (as [`Self::session_for`]),
+    /// with the call `call_id` if given and decided: the row, index and
+    /// number of calls without reading the other calls.
+    pub(crate) async fn head_for(
+        &self,
+        caller: &Caller,
+        session_id: &SessionId,
+        call_id: Option<&CallId>,
+        include_ancestors: bool,
+    ) -> Result<SessionHead, EngineError> {
+        let Some(head) = self
+            .inner
+            .store
+            .get_session_head(session_id.clone(), call_id.cloned())
+            .await?
+        else {
+            return Err(EngineError::not_found(Missing::Session, session_id));
+        };
+        self.check_visible(caller, &head.session, include_ancestors)?;
+        Ok(head)
+    }
+
+    /// Whether `caller` may see `session` (not found otherwise, so that
+    /// a session of another agent is indistinguishable from none).
+    fn check_visible(
+        &self,
+        caller: &Caller,
+        session: &SessionRecord,
+        include_ancestors: bool,
+    ) -> Result<(), EngineError> {
+        let agent = &session.agent;
         let visible = match caller {
             Caller::Agent(a) if a == agent => true,
             Caller::Agent(_) if include_ancestors => self.may_manage(caller, agent, false)?,
@@ -239,9 +282,12 @@ impl<S: Store> Engine<S> {
             Caller::Operator => include_ancestors,
         };
         if !visible {
-            return Err(EngineError::not_found(Missing::Session, session_id));
+            return Err(EngineError::not_found(
+                Missing::Session,
+                &session.session_id,
+            ));
         }
-        Ok(state)
+        Ok(())
     }
 
     /// A session as `caller` may see it (the agent, an ancestor, the

@@ -64,8 +64,10 @@ impl<S: Store> Engine<S> {
         // anything is written.
         for _ in 0..MAX_SESSION_ATTEMPTS {
             let now = self.now();
-            let state = self.session_for(caller, session_id, false).await?;
-            let Some(call) = state.call(call_id).cloned() else {
+            let state = self
+                .head_for(caller, session_id, Some(call_id), false)
+                .await?;
+            let Some(call) = state.call.clone() else {
                 return Err(EngineError::not_found(Missing::Call, resource));
             };
             match call.status {
@@ -104,7 +106,8 @@ impl<S: Store> Engine<S> {
             let labels = self
                 .fold_call_labels(caller, &state.session, &call, &report.labels, now)
                 .await?;
-            let mut index = SourceIndex::clone(&*self.restore_index(&state)?);
+            let mut index =
+                SourceIndex::clone(&*self.restore_index_of(&state.session, &state.sources)?);
             let source = SourceId::parse(call_id.as_str())
                 .map_err(|e| EngineError::internal(format!("source id: {e}")))?;
             let trust = self
@@ -372,10 +375,15 @@ impl<S: Store> Engine<S> {
         now: warden_core::time::Timestamp,
     ) -> Result<(), EngineError> {
         for _ in 0..MAX_SESSION_ATTEMPTS {
-            let Some(state) = self.inner.store.get_session(session_id.clone()).await? else {
+            let Some(state) = self
+                .inner
+                .store
+                .get_session_head(session_id.clone(), Some(call_id.clone()))
+                .await?
+            else {
                 return Ok(());
             };
-            let Some(call) = state.call(call_id) else {
+            let Some(call) = &state.call else {
                 return Ok(());
             };
             if call.status != CallStatus::Escalated {

@@ -1010,7 +1010,7 @@ impl Store for Yielding {
         find_token, revoke_token, get_records, put_record, delete_record, owner_usage,
         append_audit, audit_page, audit_head, create_run, get_run, record_step, get_envelope,
         put_escalation, get_escalation, list_escalations, resolve_escalation, consume_escalation,
-        create_session, get_session, update_session, list_sessions);
+        create_session, get_session, get_session_head, update_session, list_sessions);
 
     async fn put_envelope(
         &self,
