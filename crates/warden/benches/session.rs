@@ -79,7 +79,11 @@ fn text(bytes: usize) -> Value {
     json!(line.repeat(bytes / line.len() + 1))
 }
 
-async fn setup() -> (Engine<Shared>, SessionId, String) {
+/// Sessions the bench spreads its calls over (a session holds at most
+/// `warden::sessions::MAX_CALLS` calls).
+const SESSIONS: usize = 48;
+
+async fn setup() -> (Engine<Shared>, Vec<SessionId>, String) {
     let engine = Engine::open(
         warden_core::bundle::compile(POLICY).unwrap(),
         Shared::default(),
@@ -88,10 +92,21 @@ async fn setup() -> (Engine<Shared>, SessionId, String) {
     .await
     .unwrap();
     let caller = Caller::Agent(AgentId::parse("agent").unwrap());
-    let s = SessionId::parse("bench").unwrap();
+    let list = transactions(200);
+    let recipient = list[150]["recipient"].as_str().unwrap().to_owned();
+    let mut sessions = Vec::new();
+    for i in 0..SESSIONS {
+        let s = SessionId::parse(&format!("bench-{i}")).unwrap();
+        fill(&engine, &caller, &s, &list).await;
+        sessions.push(s);
+    }
+    (engine, sessions, recipient)
+}
+
+async fn fill(engine: &Engine<Shared>, caller: &Caller, s: &SessionId, list: &Value) {
     engine
         .open_session(
-            &caller,
+            caller,
             OpenSession {
                 session_id: Some(s.clone()),
                 trusted_inputs: vec![json!("Pay what I owe for last month's invoices")],
@@ -100,18 +115,16 @@ async fn setup() -> (Engine<Shared>, SessionId, String) {
         )
         .await
         .unwrap();
-    let list = transactions(200);
-    let recipient = list[150]["recipient"].as_str().unwrap().to_owned();
     let results = [
-        ("t", "get_transactions", list),
+        ("t", "get_transactions", list.clone()),
         ("f", "read_file", text(48 * 1024)),
     ];
     for (call_id, action, result) in results {
         let id = CallId::parse(call_id).unwrap();
         engine
             .session_call(
-                &caller,
-                &s,
+                caller,
+                s,
                 ProposedCall {
                     call_id: Some(id.clone()),
                     action: action.into(),
@@ -122,8 +135,8 @@ async fn setup() -> (Engine<Shared>, SessionId, String) {
             .unwrap();
         engine
             .record_call_result(
-                &caller,
-                &s,
+                caller,
+                s,
                 &id,
                 CallResult {
                     result,
@@ -133,24 +146,25 @@ async fn setup() -> (Engine<Shared>, SessionId, String) {
             .await
             .unwrap();
     }
-    let view = engine.session(&caller, &s).await.unwrap();
+    let view = engine.session(caller, s).await.unwrap();
     assert!(view.index.recorded_bytes >= 64 * 1024, "{:?}", view.index);
-    (engine, s, recipient)
 }
 
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let (engine, s, recipient) = rt.block_on(setup());
+    let (engine, sessions, recipient) = rt.block_on(setup());
     let caller = Caller::Agent(AgentId::parse("agent").unwrap());
     let n = AtomicU64::new(0);
     let call = |engine: &Engine<Shared>| {
-        let id = CallId::parse(&format!("c{}", n.fetch_add(1, Ordering::Relaxed))).unwrap();
+        let k = n.fetch_add(1, Ordering::Relaxed);
+        let id = CallId::parse(&format!("c{k}")).unwrap();
+        let s = &sessions[(k as usize / 9_000) % SESSIONS];
         let answer = rt
             .block_on(engine.session_call(
                 &caller,
-                &s,
+                s,
                 ProposedCall {
                     call_id: Some(id),
                     action: "send_money".into(),
@@ -186,7 +200,9 @@ fn bench(c: &mut Criterion) {
         .unwrap()
         .provenance()
         .clone();
-    let state = rt.block_on(engine.session_sources(&caller, &s)).unwrap();
+    let state = rt
+        .block_on(engine.session_sources(&caller, &sessions[0]))
+        .unwrap();
     let args = json!({"recipient": recipient, "amount": 10});
     c.bench_function("core/provenance/64KiB", |b| {
         b.iter(|| std::hint::black_box(rules.decide(&args, &state)))
