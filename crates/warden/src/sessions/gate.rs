@@ -32,7 +32,7 @@ use warden_core::provenance::{Origin, Otherwise, SourceId, SourceIndex, ValuePro
 use warden_core::time::Timestamp;
 use warden_store::{
     CallRecord, CallStatus, EscalationRecord, EscalationStatus, EscalationTarget, PutEscalation,
-    SessionHead, SessionStatus, SessionUpdate, Store, UpdateSession,
+    SessionHead, SessionStatus, SessionUpdate, Store,
 };
 
 use super::session_reasons as sr;
@@ -283,23 +283,15 @@ impl<S: Store> Engine<S> {
                 "escalation_id": escalation_id,
                 "detail": detail,
             }));
-            let outcome = self
-                .inner
-                .store
-                .update_session(
-                    SessionUpdate {
-                        session,
-                        sources: None,
-                        call: Some(record.clone()),
-                    },
-                    state.session.revision,
-                    Box::new(move |o| match o {
-                        UpdateSession::Updated => vec![draft],
-                        UpdateSession::Conflict { .. } => Vec::new(),
-                    }),
-                )
-                .await?;
-            if outcome == UpdateSession::Updated {
+            let update = SessionUpdate {
+                session,
+                sources: None,
+                call: Some(record.clone()),
+            };
+            if self
+                .commit_session(update, state.session.revision, draft)
+                .await?
+            {
                 // The index did not change: it is the next revision's too.
                 self.inner.session_indexes.put(
                     session_id.clone(),

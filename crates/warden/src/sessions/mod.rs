@@ -31,13 +31,15 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 use serde_json::Value;
-use warden_core::audit::Digest;
+use warden_core::audit::{AuditDraft, Digest};
 use warden_core::canonical::to_canonical;
 use warden_core::decision::{Decision, Reason};
 use warden_core::envelope::EnvelopeRecord;
 use warden_core::ids::{CallId, SessionId};
 use warden_core::provenance::{FingerprintKey, IndexLimits, SourceIndex};
-use warden_store::{CallRecord, SessionHead, SessionRecord, SessionState, Store};
+use warden_store::{
+    CallRecord, SessionHead, SessionRecord, SessionState, SessionUpdate, Store, UpdateSession,
+};
 
 use crate::engine::{Caller, Engine};
 use crate::error::{EngineError, Missing};
@@ -348,6 +350,31 @@ impl<S: Store> Engine<S> {
             state,
             envelope,
         })
+    }
+
+    /// Apply one change to a session by compare-and-set on `expected`
+    /// (its stored revision), with `draft` committed in the same
+    /// transaction; whether it applied (a conflict changes nothing and
+    /// records nothing: the caller re-reads and decides again).
+    pub(crate) async fn commit_session(
+        &self,
+        update: SessionUpdate,
+        expected: u64,
+        draft: AuditDraft,
+    ) -> Result<bool, EngineError> {
+        let outcome = self
+            .inner
+            .store
+            .update_session(
+                update,
+                expected,
+                Box::new(move |o| match o {
+                    UpdateSession::Updated => vec![draft],
+                    UpdateSession::Conflict { .. } => Vec::new(),
+                }),
+            )
+            .await?;
+        Ok(outcome == UpdateSession::Updated)
     }
 
     /// A fresh call id.

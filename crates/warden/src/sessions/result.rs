@@ -9,7 +9,7 @@ use warden_core::ids::{CallId, Label, SessionId};
 use warden_core::provenance::{OutputTrust, SourceId, SourceIndex};
 use warden_store::{
     CallStatus, EscalationResolution, EscalationStatus, EscalationTarget, PutEnvelope,
-    ResolveEscalation, SessionClosure, SessionStatus, SessionUpdate, Store, UpdateSession,
+    ResolveEscalation, SessionClosure, SessionStatus, SessionUpdate, Store,
 };
 
 use super::session_reasons as sr;
@@ -158,23 +158,15 @@ impl<S: Store> Engine<S> {
             }));
             let mut session = state.session.clone();
             session.revision += 1;
-            let outcome = self
-                .inner
-                .store
-                .update_session(
-                    SessionUpdate {
-                        session,
-                        sources: Some(index.to_bytes()),
-                        call: Some(done.clone()),
-                    },
-                    state.session.revision,
-                    Box::new(move |o| match o {
-                        UpdateSession::Updated => vec![draft],
-                        UpdateSession::Conflict { .. } => Vec::new(),
-                    }),
-                )
-                .await?;
-            if outcome == UpdateSession::Updated {
+            let update = SessionUpdate {
+                session,
+                sources: Some(index.to_bytes()),
+                call: Some(done.clone()),
+            };
+            if self
+                .commit_session(update, state.session.revision, draft)
+                .await?
+            {
                 self.inner.session_indexes.put(
                     session_id.clone(),
                     state.session.revision + 1,
@@ -288,23 +280,15 @@ impl<S: Store> Engine<S> {
             let draft = self
                 .draft(&d)
                 .with_details(json!({"reason": reason, "agent_id": state.session.agent}));
-            let outcome = self
-                .inner
-                .store
-                .update_session(
-                    SessionUpdate {
-                        session,
-                        sources: None,
-                        call: None,
-                    },
-                    state.session.revision,
-                    Box::new(move |o| match o {
-                        UpdateSession::Updated => vec![draft],
-                        UpdateSession::Conflict { .. } => Vec::new(),
-                    }),
-                )
-                .await?;
-            if outcome == UpdateSession::Updated {
+            let update = SessionUpdate {
+                session,
+                sources: None,
+                call: None,
+            };
+            if self
+                .commit_session(update, state.session.revision, draft)
+                .await?
+            {
                 self.withdraw_escalations(caller, session_id, now).await?;
                 let state = self.session_for(caller, session_id, true).await?;
                 return self.view_of(state).await;
@@ -407,23 +391,15 @@ impl<S: Store> Engine<S> {
                 .with_details(json!({"escalation_id": escalation_id}));
             let mut session = state.session.clone();
             session.revision += 1;
-            let outcome = self
-                .inner
-                .store
-                .update_session(
-                    SessionUpdate {
-                        session,
-                        sources: None,
-                        call: Some(denied),
-                    },
-                    state.session.revision,
-                    Box::new(move |o| match o {
-                        UpdateSession::Updated => vec![draft],
-                        UpdateSession::Conflict { .. } => Vec::new(),
-                    }),
-                )
-                .await?;
-            if outcome == UpdateSession::Updated {
+            let update = SessionUpdate {
+                session,
+                sources: None,
+                call: Some(denied),
+            };
+            if self
+                .commit_session(update, state.session.revision, draft)
+                .await?
+            {
                 return Ok(());
             }
         }
