@@ -21,7 +21,8 @@ use warden_core::ids::{AgentId, CallId, SessionId};
 use warden_core::time::Timestamp;
 use warden_store::{
     AuditFn, CallRecord, CreateSession, Entity, EnvelopeImport, SessionHead, SessionRecord,
-    SessionState, SessionUpdate, StoreError, UpdateSession, decide_import,
+    SessionState, SessionUpdate, StoreError, UpdateSession, check_create, decide_import,
+    missing_envelope, seq_taken,
 };
 
 use crate::codec::{self, corrupt, text_in, u64_in, u64_out};
@@ -165,6 +166,7 @@ pub(crate) async fn create_session(
     import: Option<EnvelopeImport>,
     audit: AuditFn<CreateSession>,
 ) -> Result<CreateSession, StoreError> {
+    check_create(&state, envelope.as_ref())?;
     let session = &state.session;
     let id = session.session_id.as_str();
     let agent = session.agent.as_str();
@@ -206,6 +208,15 @@ pub(crate) async fn create_session(
             {
                 return Err(StoreError::duplicate(Entity::Envelope, envelope_id));
             }
+            if env.is_none()
+                && let Some(named) = &session.envelope_id
+                && tx
+                    .query_opt(sql::ENVELOPE_EXISTS, &[&named.as_str()])
+                    .await?
+                    .is_none()
+            {
+                return Err(missing_envelope(named));
+            }
             let refusal = match (&import, &note) {
                 (Some(import), Some(n)) => {
                     let earlier = tx
@@ -241,8 +252,7 @@ pub(crate) async fn create_session(
                         continue;
                     }
                     for (call_id, seq, text) in &calls {
-                        tx.execute(sql::UPSERT_CALL, &[&id, call_id, seq, text])
-                            .await?;
+                        upsert_call(&mut tx, &session.session_id, call_id, *seq, text).await?;
                     }
                     if let Some((envelope_id, version, text)) = &env {
                         let created = tx
@@ -297,17 +307,25 @@ pub(crate) async fn get_session_head(
     store: &PgStore,
     session_id: SessionId,
     call_id: Option<CallId>,
+    known_revision: Option<u64>,
 ) -> Result<Option<SessionHead>, StoreError> {
     let id = session_id.as_str();
+    // A revision PostgreSQL cannot hold is never stored, so never matches.
+    let known = known_revision.and_then(|r| i64::try_from(r).ok());
     let mut conn = store.inner.pool.get().await?;
     // The row, the count and the call from one snapshot.
     let mut tx = conn.conn()?.snapshot().await?;
-    let Some(row) = tx.query_opt(sql::GET_SESSION, &[&id]).await? else {
+    let Some(row) = tx.query_opt(sql::GET_SESSION_HEAD, &[&id, &known]).await? else {
         tx.commit().await?;
         return Ok(None);
     };
     let session = session_out(&row)?;
-    let sources: Vec<u8> = row.try_get(5).map_err(crate::error::column)?;
+    let sources: Option<Vec<u8>> = row.try_get(5).map_err(crate::error::column)?;
+    if sources.is_none() != (known_revision == Some(session.revision)) {
+        return Err(corrupt(format!(
+            "session `{id}`: its source index is missing"
+        )));
+    }
     let count: i64 = tx
         .query_opt(sql::SESSION_CALL_COUNT, &[&id])
         .await?
@@ -386,8 +404,9 @@ pub(crate) async fn update_session(
     };
     let outcome = if changed == 1 {
         if let Some((call_id, seq, text)) = &call {
-            tx.execute(sql::UPSERT_CALL, &[&id, call_id, seq, text])
-                .await?;
+            // The row is locked by the update above: no other change of
+            // this session can take the position between check and write.
+            upsert_call(&mut tx, &session.session_id, call_id, *seq, text).await?;
         }
         UpdateSession::Updated
     } else {
@@ -398,6 +417,28 @@ pub(crate) async fn update_session(
     let drafts = audit(&outcome);
     tx.finish(drafts, None, &store.inner.channel).await?;
     Ok(outcome)
+}
+
+/// Insert the call `call_id` or replace the stored one; a `seq` another
+/// call of the session holds is refused ([`seq_taken`]; the unique index
+/// on `(session_id, seq)` holds the same rule).
+async fn upsert_call(
+    tx: &mut Tx<'_>,
+    session_id: &SessionId,
+    call_id: &str,
+    seq: i64,
+    text: &str,
+) -> Result<(), StoreError> {
+    let id = session_id.as_str();
+    if let Some(row) = tx.query_opt(sql::CALL_AT_SEQ, &[&id, &seq]).await? {
+        let holder: &str = row.try_get(0).map_err(crate::error::column)?;
+        if holder != call_id {
+            return Err(seq_taken(session_id, u64_out(seq, "call position")?));
+        }
+    }
+    tx.execute(sql::UPSERT_CALL, &[&id, &call_id, &seq, &text])
+        .await?;
+    Ok(())
 }
 
 pub(crate) async fn list_sessions(

@@ -198,11 +198,22 @@ pub const GET_SESSION: &str = concat!(
     session_cols!(),
     ", sources FROM sessions WHERE session_id = $1"
 );
+/// [`GET_SESSION`] with the index NULL when the stored revision is `$2`
+/// (the caller holds that revision's index: the bytes are not sent).
+pub const GET_SESSION_HEAD: &str = concat!(
+    "SELECT ",
+    session_cols!(),
+    ", CASE WHEN revision IS NOT DISTINCT FROM $2::bigint THEN NULL ELSE sources END \
+     FROM sessions WHERE session_id = $1"
+);
 pub const SESSION_CALLS: &str = "SELECT call_id, seq, record FROM session_calls \
      WHERE session_id = $1 ORDER BY seq, call_id";
 pub const SESSION_CALL_COUNT: &str = "SELECT count(*) FROM session_calls WHERE session_id = $1";
 pub const SESSION_CALL: &str = "SELECT call_id, seq, record FROM session_calls \
      WHERE session_id = $1 AND call_id = $2";
+/// The call of session `$1` at `seq` `$2`, if any.
+pub const CALL_AT_SEQ: &str = "SELECT call_id FROM session_calls \
+     WHERE session_id = $1 AND seq = $2";
 pub const SESSION_REVISION: &str = "SELECT revision FROM sessions WHERE session_id = $1";
 /// The compare-and-set: zero rows means the stored revision is not `$7`
 /// (or there is no such session). `$6` NULL keeps the source index.

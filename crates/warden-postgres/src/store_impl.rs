@@ -214,8 +214,9 @@ impl Store for PgStore {
         &self,
         session_id: SessionId,
         call_id: Option<CallId>,
+        known_revision: Option<u64>,
     ) -> Result<Option<SessionHead>, StoreError> {
-        crate::sessions::get_session_head(self, session_id, call_id).await
+        crate::sessions::get_session_head(self, session_id, call_id, known_revision).await
     }
 
     async fn update_session(

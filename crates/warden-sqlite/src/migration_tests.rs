@@ -1,6 +1,7 @@
 //! Databases written at earlier schema versions (1: before context
-//! envelopes, 2: before runs in flight, 3: before tool-call sessions) open
-//! with this build, migrate, and keep every row.
+//! envelopes, 2: before runs in flight, 3: before tool-call sessions, 4:
+//! before unique call positions) open with this build, migrate, and keep
+//! every row.
 
 use std::path::Path;
 
@@ -564,4 +565,154 @@ async fn a_v3_database_takes_sessions() {
     );
     assert_eq!(store.list_sessions(None, 10).await.unwrap().len(), 1);
     assert_eq!(store.verify_audit(None).await.unwrap().verified.count, 1);
+}
+
+/// Write a version 4 database holding the session `s-old` with the calls
+/// `(call_id, seq)` given, through version 4's statements.
+fn write_v4_session(path: &Path, calls: &[(&str, u64)]) -> warden_store::SessionState {
+    use warden_store::{CallRecord, CallStatus, SessionRecord, SessionState, SessionStatus};
+
+    let mut conn = Connection::open(path).unwrap();
+    conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+    migrate(&mut conn, path, 4).unwrap();
+    let session = SessionRecord {
+        session_id: warden_core::ids::SessionId::parse("s-old").unwrap(),
+        agent: agent_id("kid"),
+        opened_by: Subject::Operator,
+        created_at: Timestamp(9),
+        policy_version: "p4".into(),
+        status: SessionStatus::Open,
+        closure: None,
+        envelope_id: None,
+        plan: None,
+        imported: None,
+        trusted_inputs_hash: Digest::of(b"s-old"),
+        revision: 1 + calls.len() as u64,
+    };
+    let calls: Vec<CallRecord> = calls
+        .iter()
+        .map(|(id, seq)| CallRecord {
+            call_id: warden_core::ids::CallId::parse(id).unwrap(),
+            seq: *seq,
+            action: ActionName::parse("http.get").unwrap(),
+            arguments_hash: Digest::of(id.as_bytes()),
+            verdict: Verdict::Allow,
+            reason: warden_core::decision::Reason::code("call_allowed"),
+            detail: json!({"provenance": []}),
+            plan_step: None,
+            escalation_id: None,
+            status: CallStatus::Allowed,
+            decided_at: Timestamp(10),
+            result_hash: None,
+            result_labels: Vec::new(),
+            completed_at: None,
+        })
+        .collect();
+    conn.execute(
+        "INSERT INTO sessions (session_id, pos, agent, revision, created_at, record, sources) \
+         VALUES ('s-old', 1, 'kid', ?1, 9, ?2, x'01')",
+        params![
+            i64::try_from(session.revision).unwrap(),
+            crate::codec::canonical_text(&session).unwrap()
+        ],
+    )
+    .unwrap();
+    for c in &calls {
+        conn.execute(
+            "INSERT INTO session_calls (session_id, call_id, seq, record) \
+             VALUES ('s-old', ?1, ?2, ?3)",
+            params![
+                c.call_id.as_str(),
+                i64::try_from(c.seq).unwrap(),
+                crate::codec::canonical_text(c).unwrap()
+            ],
+        )
+        .unwrap();
+    }
+    let mut calls = calls;
+    calls.sort_by_key(|c| c.seq);
+    SessionState {
+        session,
+        sources: vec![1],
+        calls,
+    }
+}
+
+/// A version 4 database migrates to version 5 with its sessions and calls
+/// intact, and from then on a call at a taken `seq` is refused; one whose
+/// session holds two calls at one `seq` (which no engine wrote) fails the
+/// migration and is left at version 4, unchanged.
+#[tokio::test]
+async fn a_v4_database_takes_unique_call_positions() {
+    use warden_store::{SessionUpdate, StoreError, UpdateSession};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("warden.db");
+    let before = write_v4_session(&path, &[("c-b", 1), ("c-a", 0)]);
+    let store = SqliteStore::open_with(SqliteOptions::new(path.clone()))
+        .await
+        .unwrap();
+    let id = before.session.session_id.clone();
+    assert_eq!(
+        store.get_session(id.clone()).await.unwrap(),
+        Some(before.clone())
+    );
+    let mut taken = before.calls[0].clone();
+    taken.call_id = warden_core::ids::CallId::parse("c-new").unwrap();
+    let mut session = before.session.clone();
+    session.revision += 1;
+    let err = store
+        .update_session(
+            SessionUpdate {
+                session: session.clone(),
+                sources: None,
+                call: Some(taken.clone()),
+            },
+            before.session.revision,
+            Box::new(|_| vec![note(1)]),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        StoreError::duplicate(warden_store::Entity::Call, "s-old/#0")
+    );
+    assert_eq!(
+        store.get_session(id.clone()).await.unwrap(),
+        Some(before.clone())
+    );
+    taken.seq = 2;
+    let o = store
+        .update_session(
+            SessionUpdate {
+                session,
+                sources: None,
+                call: Some(taken),
+            },
+            before.session.revision,
+            Box::new(|_| vec![note(1)]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(o, UpdateSession::Updated);
+    assert_eq!(store.get_session(id).await.unwrap().unwrap().calls.len(), 3);
+    drop(store);
+
+    // Two calls at one position: the migration fails and changes nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("warden.db");
+    write_v4_session(&path, &[("c-a", 0), ("c-b", 0)]);
+    let err = SqliteStore::open_with(SqliteOptions::new(path.clone()))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("UNIQUE"), "{err}");
+    let conn = Connection::open(&path).unwrap();
+    let version: i64 = conn
+        .query_row("SELECT schema_version FROM meta", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 4);
+    let calls: i64 = conn
+        .query_row("SELECT count(*) FROM session_calls", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(calls, 2);
 }

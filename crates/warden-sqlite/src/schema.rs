@@ -17,7 +17,7 @@ use crate::error::SqlResultExt;
 use crate::options::{OpenMode, SqliteOptions};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// `PRAGMA application_id` of a Warden database: ASCII `WRDN`. It marks the
 /// file as Warden's before any table is read (`file(1)` shows it too).
@@ -28,7 +28,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
 /// Each runs in the transaction that records its version; append only.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
 
 const V1: &str = r#"
 CREATE TABLE meta (
@@ -266,6 +266,16 @@ CREATE TRIGGER envelope_imports_no_update BEFORE UPDATE ON envelope_imports
 BEGIN SELECT RAISE(ABORT, 'envelope imports are kept as noted'); END;
 CREATE TRIGGER envelope_imports_no_delete BEFORE DELETE ON envelope_imports
 BEGIN SELECT RAISE(ABORT, 'envelope imports are kept as noted'); END;
+"#;
+
+/// A call's `seq` is unique within its session: the index that reads calls
+/// back by `seq` becomes a unique one. (Every engine wrote each new call at
+/// the session's call count under the session's compare-and-set, so a
+/// database it wrote holds no two calls at one `seq`; one that does fails
+/// this migration, which then changes nothing.)
+const V5: &str = r#"
+DROP INDEX session_calls_by_seq;
+CREATE UNIQUE INDEX session_calls_by_seq ON session_calls (session_id, seq);
 "#;
 
 /// What a file holds, found by reading only.

@@ -11,11 +11,12 @@
 //! and triggers enforce the same rules once more.
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
-use warden_core::envelope::EnvelopeRecord;
+use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::ids::{AgentId, CallId, SessionId};
 use warden_store::{
     AuditFn, CallRecord, CreateSession, Entity, EnvelopeImport, PutEnvelope, SessionHead,
-    SessionRecord, SessionState, SessionUpdate, StoreError, UpdateSession, decide_import,
+    SessionRecord, SessionState, SessionUpdate, StoreError, UpdateSession, check_create,
+    decide_import, missing_envelope, seq_taken,
 };
 
 use crate::codec::{self, canonical_text};
@@ -50,18 +51,26 @@ fn session_from_row(row: &Row<'_>) -> Result<SessionRecord, StoreError> {
     Ok(record)
 }
 
-/// The session row and its source index, if stored.
+/// A session row and its source index (`None`: left out, see [`load_row`]).
+type SessionRow = (SessionRecord, Option<Vec<u8>>);
+
+/// The session row and its source index, if stored; the index is `None`
+/// when the stored revision is `known_revision` (the bytes are not read).
 fn load_row(
     conn: &Connection,
     session_id: &SessionId,
-) -> Result<Option<(SessionRecord, Vec<u8>)>, StoreError> {
+    known_revision: Option<u64>,
+) -> Result<Option<SessionRow>, StoreError> {
+    // A revision SQLite cannot hold is never stored, so never matches.
+    let known = known_revision.and_then(|r| i64::try_from(r).ok());
     let found = conn
         .prepare_cached(&format!(
-            "SELECT {SESSION_COLUMNS}, sources FROM sessions WHERE session_id = ?1"
+            "SELECT {SESSION_COLUMNS}, CASE WHEN revision IS ?2 THEN NULL ELSE sources END \
+             FROM sessions WHERE session_id = ?1"
         ))
         .store()?
-        .query_row([session_id.as_str()], |row| {
-            Ok((session_from_row(row), row.get::<_, Vec<u8>>(5)))
+        .query_row(params![session_id.as_str(), known], |row| {
+            Ok((session_from_row(row), row.get::<_, Option<Vec<u8>>>(5)))
         })
         .optional()
         .store()?;
@@ -70,6 +79,12 @@ fn load_row(
     };
     let session = session?;
     let sources = sources.map_err(|e| corrupt(format!("session `{session_id}`"), e))?;
+    if sources.is_none() != (known_revision == Some(session.revision)) {
+        return Err(corrupt(
+            format!("session `{session_id}`"),
+            "its source index is missing",
+        ));
+    }
     Ok(Some((session, sources)))
 }
 
@@ -92,7 +107,7 @@ pub(crate) fn load_session(
     conn: &Connection,
     session_id: &SessionId,
 ) -> Result<Option<SessionState>, StoreError> {
-    let Some((session, sources)) = load_row(conn, session_id)? else {
+    let Some((session, Some(sources))) = load_row(conn, session_id, None)? else {
         return Ok(None);
     };
     let mut stmt = conn
@@ -114,13 +129,15 @@ pub(crate) fn load_session(
 }
 
 /// A session's row, source index, number of calls and the call `call_id`
-/// (by its primary key), if stored; call it inside one read transaction.
+/// (by its primary key), if stored, the index left out when the stored
+/// revision is `known_revision`; call it inside one read transaction.
 pub(crate) fn load_head(
     conn: &Connection,
     session_id: &SessionId,
     call_id: Option<&CallId>,
+    known_revision: Option<u64>,
 ) -> Result<Option<SessionHead>, StoreError> {
-    let Some((session, sources)) = load_row(conn, session_id)? else {
+    let Some((session, sources)) = load_row(conn, session_id, known_revision)? else {
         return Ok(None);
     };
     let what = format!("session `{session_id}`");
@@ -153,12 +170,24 @@ pub(crate) fn load_head(
     }))
 }
 
-/// Insert `call` or replace the stored call with its `call_id`.
+/// Insert `call` or replace the stored call with its `call_id`; a `seq`
+/// another call of the session holds is refused ([`seq_taken`]; the
+/// unique index on `(session_id, seq)` holds the same rule).
 fn upsert_call(
     conn: &Connection,
     session_id: &SessionId,
     call: &CallRecord,
 ) -> Result<(), StoreError> {
+    let seq = to_sql(call.seq, "call position")?;
+    let holder: Option<String> = conn
+        .prepare_cached("SELECT call_id FROM session_calls WHERE session_id = ?1 AND seq = ?2")
+        .store()?
+        .query_row(params![session_id.as_str(), seq], |r| r.get(0))
+        .optional()
+        .store()?;
+    if holder.is_some_and(|h| h != call.call_id.as_str()) {
+        return Err(seq_taken(session_id, call.seq));
+    }
     conn.prepare_cached(
         "INSERT INTO session_calls (session_id, call_id, seq, record) VALUES (?1, ?2, ?3, ?4) \
          ON CONFLICT (session_id, call_id) DO UPDATE SET seq = excluded.seq, \
@@ -168,10 +197,10 @@ fn upsert_call(
     .execute(params![
         session_id.as_str(),
         call.call_id.as_str(),
-        to_sql(call.seq, "call position")?,
+        seq,
         canonical_text(call)?,
     ])
-    .store()?;
+    .map_err(|e| duplicate_or(e, Entity::Call, &format!("{session_id}/#{}", call.seq)))?;
     Ok(())
 }
 
@@ -208,12 +237,12 @@ fn earlier_imports(
     Ok(out)
 }
 
-/// Whether any version of `envelope`'s id is stored.
-fn envelope_exists(conn: &Connection, envelope: &EnvelopeRecord) -> Result<bool, StoreError> {
+/// Whether any version of the envelope `envelope_id` is stored.
+fn envelope_exists(conn: &Connection, envelope_id: &EnvelopeId) -> Result<bool, StoreError> {
     Ok(conn
         .prepare_cached("SELECT 1 FROM envelopes WHERE envelope_id = ?1 LIMIT 1")
         .store()?
-        .query_row([envelope.envelope_id.as_str()], |_| Ok(()))
+        .query_row([envelope_id.as_str()], |_| Ok(()))
         .optional()
         .store()?
         .is_some())
@@ -226,14 +255,21 @@ fn decide_create(
     envelope: Option<&EnvelopeRecord>,
     import: Option<&EnvelopeImport>,
 ) -> Result<CreateSession, StoreError> {
+    check_create(state, envelope)?;
     let session = &state.session;
     if let Some(existing) = load_session(conn, &session.session_id)? {
         return Ok(CreateSession::Existing(Box::new(existing)));
     }
     if let Some(e) = envelope
-        && envelope_exists(conn, e)?
+        && envelope_exists(conn, &e.envelope_id)?
     {
         return Err(StoreError::duplicate(Entity::Envelope, &e.envelope_id));
+    }
+    if envelope.is_none()
+        && let Some(named) = &session.envelope_id
+        && !envelope_exists(conn, named)?
+    {
+        return Err(missing_envelope(named));
     }
     if let Some(import) = import
         && let Err(refusal) = decide_import(import, &earlier_imports(conn, import)?)

@@ -615,11 +615,12 @@ impl Store for SqliteStore {
         &self,
         session_id: SessionId,
         call_id: Option<CallId>,
+        known_revision: Option<u64>,
     ) -> Result<Option<SessionHead>, StoreError> {
         self.read(move |conn| {
             // The row, the count and the call from one snapshot.
             let tx = conn.transaction().store()?;
-            let head = sessions::load_head(&tx, &session_id, call_id.as_ref())?;
+            let head = sessions::load_head(&tx, &session_id, call_id.as_ref(), known_revision)?;
             tx.finish().store()?;
             Ok(head)
         })

@@ -25,6 +25,8 @@ pub enum Entity {
     Escalation,
     /// A tool-call session.
     Session,
+    /// One call of a session (`session/#seq` or `session/call`).
+    Call,
     /// The database itself (a file, a schema).
     Database,
 }
@@ -41,6 +43,7 @@ impl Entity {
             Entity::Envelope => "envelope",
             Entity::Escalation => "escalation",
             Entity::Session => "session",
+            Entity::Call => "call",
             Entity::Database => "database",
         }
     }
@@ -55,9 +58,9 @@ impl fmt::Display for Entity {
 /// Why a storage operation failed (as opposed to being denied: denials are
 /// outcomes, not errors).
 ///
-/// The variants say who can do something about it: `Duplicate` and
-/// `NotFound` are the caller's (a request naming something that exists or
-/// does not), `Unavailable` is transient (retry later; a server answers
+/// The variants say who can do something about it: `Duplicate`,
+/// `NotFound` and `Invalid` are the caller's (a request naming something
+/// that exists or does not, or contradicting itself), `Unavailable` is transient (retry later; a server answers
 /// 503), `ReadOnly`, `SchemaTooNew` and `Corrupt` need an operator, and
 /// `Backend` is an internal failure.
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +80,18 @@ pub enum StoreError {
         entity: Entity,
         /// Its id.
         id: String,
+    },
+    /// The request contradicts itself (a session record naming one
+    /// envelope given with another): nothing was stored. A caller's bug,
+    /// never a state of the database.
+    #[error("{entity} `{id}` refused: {detail}")]
+    Invalid {
+        /// What kind of thing.
+        entity: Entity,
+        /// Its id.
+        id: String,
+        /// What is inconsistent.
+        detail: String,
     },
     /// The database was written by a newer Warden.
     #[error("database schema version {found} is newer than this build supports ({supported})")]
@@ -130,6 +145,15 @@ impl StoreError {
         }
     }
 
+    /// `Invalid` of `entity` with `id`: `detail` says what contradicts.
+    pub fn invalid(entity: Entity, id: impl fmt::Display, detail: impl Into<String>) -> Self {
+        StoreError::Invalid {
+            entity,
+            id: id.to_string(),
+            detail: detail.into(),
+        }
+    }
+
     /// `NotFound` of `entity` with `id`.
     pub fn not_found(entity: Entity, id: impl fmt::Display) -> Self {
         StoreError::NotFound {
@@ -171,7 +195,8 @@ impl StoreError {
     /// The same error with `message` in front of what it says (`cannot
     /// connect to x: ...`): the variant is kept, and so is the source (now
     /// under the message). `Duplicate`, `NotFound` and `SchemaTooNew` are
-    /// returned unchanged, as they already say everything.
+    /// returned unchanged, as they already say everything (so is
+    /// `Invalid`).
     pub fn context(self, message: impl fmt::Display) -> StoreError {
         let wrap = |source: BoxError| -> BoxError {
             Box::new(Context {
@@ -216,6 +241,11 @@ impl StoreError {
                 entity: *entity,
                 id: id.clone(),
             },
+            StoreError::Invalid { entity, id, detail } => StoreError::Invalid {
+                entity: *entity,
+                id: id.clone(),
+                detail: detail.clone(),
+            },
             StoreError::SchemaTooNew { found, supported } => StoreError::SchemaTooNew {
                 found: *found,
                 supported: *supported,
@@ -242,6 +272,18 @@ impl PartialEq for StoreError {
             | (E::NotFound { entity: a, id: x }, E::NotFound { entity: b, id: y }) => {
                 a == b && x == y
             }
+            (
+                E::Invalid {
+                    entity: a,
+                    id: x,
+                    detail: p,
+                },
+                E::Invalid {
+                    entity: b,
+                    id: y,
+                    detail: q,
+                },
+            ) => a == b && x == y && p == q,
             (
                 E::SchemaTooNew {
                     found: a,

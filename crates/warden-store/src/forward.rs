@@ -361,8 +361,13 @@ macro_rules! __forward_one {
             &self,
             session_id: $crate::__core::ids::SessionId,
             call_id: Option<$crate::__core::ids::CallId>,
+            known_revision: Option<u64>,
         ) -> Result<Option<$crate::SessionHead>, $crate::StoreError> {
-            $crate::__forward_call!(self, $how, get_session_head(session_id, call_id))
+            $crate::__forward_call!(
+                self,
+                $how,
+                get_session_head(session_id, call_id, known_revision)
+            )
         }
     };
     (update_session, $how:tt) => {

@@ -304,6 +304,16 @@ pub trait Store: Send + Sync + 'static {
     /// [`CreateSession::Existing`] and a refused import
     /// [`CreateSession::ImportRefused`]: nothing is stored. `audit` gets
     /// every outcome; its entries commit with it.
+    ///
+    /// A create that contradicts itself is an error before anything is
+    /// looked up, and stores and appends nothing ([`check_create`]): an
+    /// envelope given for a session without an `envelope_id`, or whose id
+    /// is not the session's, is [`StoreError::Invalid`]; two starting calls
+    /// with one id or one `seq` are [`StoreError::Duplicate`] of
+    /// [`Entity::Call`]. A session naming an `envelope_id` without giving
+    /// the envelope shares an envelope already stored; when none is, the
+    /// create is [`StoreError::NotFound`] of that envelope
+    /// ([`missing_envelope`]) and stores nothing.
     fn create_session(
         &self,
         state: SessionState,
@@ -321,11 +331,16 @@ pub trait Store: Send + Sync + 'static {
     /// A session's row, source index and number of calls, with the one
     /// call `call_id` (if given and decided), from one snapshot: what
     /// deciding a call needs, at a cost that does not grow with the
-    /// session's calls. Agrees with [`Store::get_session`].
+    /// session's calls. Agrees with [`Store::get_session`]. When
+    /// `known_revision` is the stored revision (the caller holds that
+    /// revision's decoded index), the head's `sources` is `None` and the
+    /// bytes are neither read out nor copied; otherwise they are there
+    /// ([`sources_unless_known`]).
     fn get_session_head(
         &self,
         session_id: SessionId,
         call_id: Option<CallId>,
+        known_revision: Option<u64>,
     ) -> impl Future<Output = Result<Option<SessionHead>, StoreError>> + Send;
 
     /// Apply one change to a session if its stored revision is
@@ -333,6 +348,14 @@ pub trait Store: Send + Sync + 'static {
     /// the row, the source index when given, and one call inserted or
     /// replaced by `call_id`, atomically with the entries `audit` returns.
     /// Otherwise [`UpdateSession::Conflict`] and nothing changes.
+    ///
+    /// A call's `seq` is unique within its session: a call whose `seq`
+    /// another call of the session holds (a new call, or a replaced one
+    /// moved onto it) is [`StoreError::Duplicate`] of [`Entity::Call`]
+    /// ([`seq_taken`]), and nothing changes, the row included, nor is
+    /// anything appended. (The engine gives a new call the session's call
+    /// count from the head its compare-and-set expects, and a re-decided
+    /// call keeps its own.)
     fn update_session(
         &self,
         update: SessionUpdate,
@@ -340,8 +363,11 @@ pub trait Store: Send + Sync + 'static {
         audit: AuditFn<UpdateSession>,
     ) -> impl Future<Output = Result<UpdateSession, StoreError>> + Send;
 
-    /// Up to `limit` sessions (of `agent`, or every one), oldest first,
-    /// without their index or calls.
+    /// Up to `limit` sessions (of `agent`, or every one), without their
+    /// index or calls, in creation order: the order in which the creates
+    /// were stored (a backend's insertion sequence, never `created_at`,
+    /// which clocks of several servers need not agree on), oldest first.
+    /// Two creates never share a place, so the order has no ties.
     fn list_sessions(
         &self,
         agent: Option<AgentId>,

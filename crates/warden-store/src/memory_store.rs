@@ -2,7 +2,7 @@
 //! tests, `warden demo`, `warden check` and embedding programs that need no
 //! persistence.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Mutex, MutexGuard};
 
 use warden_core::audit::{AuditDraft, AuditEntry, ChainHead, Digest};
@@ -14,12 +14,12 @@ use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 
 use crate::{
-    AuditFn, CreateRun, CreateSession, Delete, DeleteOutcome, Entity, EnvelopeImport,
+    AuditFn, CallRecord, CreateRun, CreateSession, Delete, DeleteOutcome, Entity, EnvelopeImport,
     EscalationRecord, EscalationResolution, EscalationStatus, EscalationTarget, PutEnvelope,
     PutEscalation, PutOutcome, RecordStep, ResolveEscalation, RunRecord, RunState, RunsInFlight,
     SessionHead, SessionRecord, SessionState, SessionUpdate, StepOutcome, StorageQuota, Store,
-    StoreError, StoredAgent, TokenRecord, UpdateSession, Usage, decide_import, decide_put,
-    encoded_len, run_finished,
+    StoreError, StoredAgent, TokenRecord, UpdateSession, Usage, check_create, decide_import,
+    decide_put, encoded_len, missing_envelope, run_finished, seq_taken, sources_unless_known,
 };
 
 type RecordKey = (AgentId, Namespace, Key);
@@ -36,9 +36,10 @@ struct Inner {
     envelopes: HashMap<EnvelopeId, Vec<EnvelopeRecord>>,
     /// Escalations in creation order.
     escalations: Vec<EscalationRecord>,
-    /// Sessions in creation order, and where each is.
-    sessions: Vec<SessionState>,
-    session_index: HashMap<SessionId, usize>,
+    /// Sessions by id.
+    sessions: HashMap<SessionId, MemSession>,
+    /// Session ids in creation order.
+    session_order: Vec<SessionId>,
     /// Every envelope import, in order.
     imports: Vec<EnvelopeImport>,
 }
@@ -83,6 +84,77 @@ impl Inner {
             self.audit.push(entry);
         }
         head
+    }
+}
+
+/// One session: its row and index, its calls by id, and their ids by
+/// `seq` (unique within the session), so that a call is found, and a
+/// position checked, without walking the others.
+#[derive(Debug)]
+struct MemSession {
+    session: SessionRecord,
+    sources: Vec<u8>,
+    calls: HashMap<CallId, CallRecord>,
+    by_seq: BTreeMap<u64, CallId>,
+}
+
+impl MemSession {
+    /// A new session holding `state` (whose calls [`check_create`]
+    /// checked).
+    fn of(state: SessionState) -> Self {
+        let mut s = Self {
+            session: state.session,
+            sources: state.sources,
+            calls: HashMap::with_capacity(state.calls.len()),
+            by_seq: BTreeMap::new(),
+        };
+        for call in state.calls {
+            s.by_seq.insert(call.seq, call.call_id.clone());
+            s.calls.insert(call.call_id.clone(), call);
+        }
+        s
+    }
+
+    /// The session with every call, by `seq`.
+    fn state(&self) -> SessionState {
+        SessionState {
+            session: self.session.clone(),
+            sources: self.sources.clone(),
+            calls: self
+                .by_seq
+                .values()
+                .filter_map(|id| self.calls.get(id))
+                .cloned()
+                .collect(),
+        }
+    }
+
+    fn head(&self, call_id: Option<&CallId>, known_revision: Option<u64>) -> SessionHead {
+        SessionHead {
+            session: self.session.clone(),
+            sources: sources_unless_known(&self.session, &self.sources, known_revision),
+            calls: u64::try_from(self.calls.len()).unwrap_or(u64::MAX),
+            call: call_id.and_then(|id| self.calls.get(id)).cloned(),
+        }
+    }
+
+    /// Whether `call` may be stored: its `seq` is free or already its own.
+    fn seq_free_for(&self, call: &CallRecord) -> bool {
+        self.by_seq
+            .get(&call.seq)
+            .is_none_or(|holder| holder == &call.call_id)
+    }
+
+    /// Insert `call`, or replace the call with its id (checked with
+    /// [`Self::seq_free_for`]).
+    fn put_call(&mut self, call: CallRecord) {
+        if let Some(old) = self.calls.get(&call.call_id)
+            && old.seq != call.seq
+        {
+            self.by_seq.remove(&old.seq);
+        }
+        self.by_seq.insert(call.seq, call.call_id.clone());
+        self.calls.insert(call.call_id.clone(), call);
     }
 }
 
@@ -602,13 +674,11 @@ impl Store for MemoryStore {
         import: Option<EnvelopeImport>,
         audit: AuditFn<CreateSession>,
     ) -> Result<CreateSession, StoreError> {
+        check_create(&state, envelope.as_ref())?;
         let mut g = self.lock()?;
         let id = state.session.session_id.clone();
-        if let Some(&i) = g.session_index.get(&id) {
-            let existing = g.sessions.get(i).cloned().ok_or_else(|| {
-                StoreError::corrupt(format!("session index points past the sessions ({id})"))
-            })?;
-            let outcome = CreateSession::Existing(Box::new(existing));
+        if let Some(existing) = g.sessions.get(&id) {
+            let outcome = CreateSession::Existing(Box::new(existing.state()));
             let drafts = audit(&outcome);
             g.append(drafts);
             return Ok(outcome);
@@ -617,6 +687,12 @@ impl Store for MemoryStore {
             && g.envelopes.contains_key(&e.envelope_id)
         {
             return Err(StoreError::duplicate(Entity::Envelope, &e.envelope_id));
+        }
+        if envelope.is_none()
+            && let Some(named) = &state.session.envelope_id
+            && !g.envelopes.contains_key(named)
+        {
+            return Err(missing_envelope(named));
         }
         if let Some(import) = &import {
             let earlier: Vec<EnvelopeImport> = g
@@ -638,9 +714,8 @@ impl Store for MemoryStore {
         if let Some(import) = import {
             g.imports.push(import);
         }
-        let i = g.sessions.len();
-        g.sessions.push(state);
-        g.session_index.insert(id, i);
+        g.sessions.insert(id.clone(), MemSession::of(state));
+        g.session_order.push(id);
         let outcome = CreateSession::Created;
         let drafts = audit(&outcome);
         g.append(drafts);
@@ -649,22 +724,19 @@ impl Store for MemoryStore {
 
     async fn get_session(&self, session_id: SessionId) -> Result<Option<SessionState>, StoreError> {
         let g = self.lock()?;
-        Ok(g.session_index
-            .get(&session_id)
-            .and_then(|&i| g.sessions.get(i))
-            .cloned())
+        Ok(g.sessions.get(&session_id).map(MemSession::state))
     }
 
     async fn get_session_head(
         &self,
         session_id: SessionId,
         call_id: Option<CallId>,
+        known_revision: Option<u64>,
     ) -> Result<Option<SessionHead>, StoreError> {
         let g = self.lock()?;
-        Ok(g.session_index
+        Ok(g.sessions
             .get(&session_id)
-            .and_then(|&i| g.sessions.get(i))
-            .map(|state| SessionHead::of(state, call_id.as_ref())))
+            .map(|s| s.head(call_id.as_ref(), known_revision)))
     }
 
     async fn update_session(
@@ -674,10 +746,8 @@ impl Store for MemoryStore {
         audit: AuditFn<UpdateSession>,
     ) -> Result<UpdateSession, StoreError> {
         let mut g = self.lock()?;
-        let index = g.session_index.get(&update.session.session_id).copied();
-        let current = index
-            .and_then(|i| g.sessions.get(i))
-            .map(|s| s.session.revision);
+        let id = &update.session.session_id;
+        let current = g.sessions.get(id).map(|s| s.session.revision);
         let fits = current == Some(expected_revision)
             && update.session.revision == expected_revision.saturating_add(1);
         let outcome = if fits {
@@ -685,17 +755,18 @@ impl Store for MemoryStore {
         } else {
             UpdateSession::Conflict { current }
         };
-        if fits && let Some(state) = index.and_then(|i| g.sessions.get_mut(i)) {
-            state.session = update.session;
+        if fits && let Some(stored) = g.sessions.get_mut(id) {
+            if let Some(call) = &update.call
+                && !stored.seq_free_for(call)
+            {
+                return Err(seq_taken(id, call.seq));
+            }
+            stored.session = update.session;
             if let Some(sources) = update.sources {
-                state.sources = sources;
+                stored.sources = sources;
             }
             if let Some(call) = update.call {
-                match state.calls.iter_mut().find(|c| c.call_id == call.call_id) {
-                    Some(existing) => *existing = call,
-                    None => state.calls.push(call),
-                }
-                state.calls.sort_by_key(|c| c.seq);
+                stored.put_call(call);
             }
         }
         let drafts = audit(&outcome);
@@ -709,8 +780,9 @@ impl Store for MemoryStore {
         limit: usize,
     ) -> Result<Vec<SessionRecord>, StoreError> {
         let g = self.lock()?;
-        Ok(g.sessions
+        Ok(g.session_order
             .iter()
+            .filter_map(|id| g.sessions.get(id))
             .filter(|s| agent.as_ref().is_none_or(|a| &s.session.agent == a))
             .take(limit)
             .map(|s| s.session.clone())

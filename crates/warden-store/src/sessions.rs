@@ -223,8 +223,10 @@ impl SessionState {
 pub struct SessionHead {
     /// The session row.
     pub session: SessionRecord,
-    /// The serialised source index (`warden_core::provenance::SourceIndex`).
-    pub sources: Vec<u8>,
+    /// The serialised source index (`warden_core::provenance::SourceIndex`);
+    /// `None` exactly when the caller said it holds the index of the
+    /// revision stored (`known_revision`), so the bytes are not copied.
+    pub sources: Option<Vec<u8>>,
     /// How many calls the session holds (the `seq` of the next one).
     pub calls: u64,
     /// The call asked for, if it was decided.
@@ -232,15 +234,94 @@ pub struct SessionHead {
 }
 
 impl SessionHead {
-    /// The head of `state` with the call `call_id` (if given and decided).
-    pub fn of(state: &SessionState, call_id: Option<&CallId>) -> Self {
+    /// The head of `state` with the call `call_id` (if given and decided),
+    /// its index bytes left out when `known_revision` is the session's
+    /// revision.
+    pub fn of(state: &SessionState, call_id: Option<&CallId>, known_revision: Option<u64>) -> Self {
         Self {
             session: state.session.clone(),
-            sources: state.sources.clone(),
+            sources: sources_unless_known(&state.session, &state.sources, known_revision),
             calls: u64::try_from(state.calls.len()).unwrap_or(u64::MAX),
             call: call_id.and_then(|id| state.call(id)).cloned(),
         }
     }
+}
+
+/// A head's `sources`: the bytes, unless `known_revision` is `session`'s
+/// revision. The one rule every backend applies.
+pub fn sources_unless_known(
+    session: &SessionRecord,
+    sources: &[u8],
+    known_revision: Option<u64>,
+) -> Option<Vec<u8>> {
+    (known_revision != Some(session.revision)).then(|| sources.to_vec())
+}
+
+/// Whether a create is consistent in itself, before anything is looked up:
+/// an envelope given must be the session's (`envelope_id` set, and the
+/// same id), and the calls it starts with (normally none) have distinct
+/// ids and positions. Every backend checks this first and then, for a
+/// session naming an envelope without giving it, that the envelope is
+/// stored ([`missing_envelope`]). Refused: [`StoreError::Invalid`], or
+/// [`StoreError::Duplicate`] of [`Entity::Call`](crate::Entity::Call);
+/// nothing is stored.
+pub fn check_create(
+    state: &SessionState,
+    envelope: Option<&warden_core::envelope::EnvelopeRecord>,
+) -> Result<(), crate::StoreError> {
+    let session = &state.session;
+    let id = &session.session_id;
+    match (envelope, &session.envelope_id) {
+        (Some(e), None) => {
+            return Err(crate::StoreError::invalid(
+                crate::Entity::Session,
+                id,
+                format!(
+                    "envelope `{}` given for a session without an envelope id",
+                    e.envelope_id
+                ),
+            ));
+        }
+        (Some(e), Some(named)) if &e.envelope_id != named => {
+            return Err(crate::StoreError::invalid(
+                crate::Entity::Session,
+                id,
+                format!(
+                    "envelope `{}` given for a session whose envelope is `{named}`",
+                    e.envelope_id
+                ),
+            ));
+        }
+        _ => {}
+    }
+    let mut ids = BTreeSet::new();
+    let mut seqs = BTreeSet::new();
+    for call in &state.calls {
+        if !ids.insert(&call.call_id) {
+            return Err(crate::StoreError::duplicate(
+                crate::Entity::Call,
+                format!("{id}/{}", call.call_id),
+            ));
+        }
+        if !seqs.insert(call.seq) {
+            return Err(seq_taken(id, call.seq));
+        }
+    }
+    Ok(())
+}
+
+/// The error of a create naming an envelope it neither gives nor finds
+/// stored: [`StoreError::NotFound`](crate::StoreError::NotFound) of the
+/// envelope.
+pub fn missing_envelope(envelope_id: &EnvelopeId) -> crate::StoreError {
+    crate::StoreError::not_found(crate::Entity::Envelope, envelope_id)
+}
+
+/// The error of a call whose `seq` another call of the session holds:
+/// [`StoreError::Duplicate`](crate::StoreError::Duplicate) of
+/// [`Entity::Call`](crate::Entity::Call) `session/#seq`.
+pub fn seq_taken(session_id: &SessionId, seq: u64) -> crate::StoreError {
+    crate::StoreError::duplicate(crate::Entity::Call, format!("{session_id}/#{seq}"))
 }
 
 /// Outcome of [`Store::create_session`](crate::Store::create_session).

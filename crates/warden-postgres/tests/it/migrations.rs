@@ -532,3 +532,165 @@ async fn a_version_3_database_takes_sessions() {
     assert_eq!(store.list_sessions(None, 10).await.unwrap().len(), 1);
     assert_chain(&store).await;
 }
+
+/// The version 4 schema, exactly as a version 4 build created it.
+const V4_SQL: &str = include_str!("../../src/migrations/0004_sessions.sql");
+
+/// A schema at version 4 holding the session `s-old` with the calls
+/// `(call_id, seq)` given, written through version 4's statements.
+async fn write_v4_session(scratch: &Scratch, calls: &[(&str, u64)]) -> warden_store::SessionState {
+    use warden_core::audit::Digest;
+    use warden_core::decision::{Reason, Subject, Verdict};
+    use warden_core::ids::{ActionName, CallId, SessionId};
+    use warden_store::{CallRecord, CallStatus, SessionRecord, SessionState, SessionStatus};
+
+    let raw = raw_client(&scratch.url).await;
+    raw.batch_execute(&format!("CREATE SCHEMA \"{}\"", scratch.schema))
+        .await
+        .unwrap();
+    let sql = scratch.client().await;
+    for migration in [V1_SQL, V2_SQL, V3_SQL, V4_SQL] {
+        sql.batch_execute(migration).await.unwrap();
+    }
+    sql.execute("INSERT INTO warden_meta (schema_version) VALUES (4)", &[])
+        .await
+        .unwrap();
+    let session = SessionRecord {
+        session_id: SessionId::parse("s-old").unwrap(),
+        agent: id("kid"),
+        opened_by: Subject::Operator,
+        created_at: Timestamp(9),
+        policy_version: "p4".into(),
+        status: SessionStatus::Open,
+        closure: None,
+        envelope_id: None,
+        plan: None,
+        imported: None,
+        trusted_inputs_hash: Digest::of(b"s-old"),
+        revision: 1 + calls.len() as u64,
+    };
+    sql.execute(
+        "INSERT INTO sessions (session_id, agent, revision, created_at, record, sources) \
+         VALUES ('s-old', 'kid', $1, 9, $2, '\\x01')",
+        &[
+            &i64::try_from(session.revision).unwrap(),
+            &serde_json::to_string(&session).unwrap(),
+        ],
+    )
+    .await
+    .unwrap();
+    let mut records = Vec::new();
+    for (call_id, seq) in calls {
+        let c = CallRecord {
+            call_id: CallId::parse(call_id).unwrap(),
+            seq: *seq,
+            action: ActionName::parse("http.get").unwrap(),
+            arguments_hash: Digest::of(call_id.as_bytes()),
+            verdict: Verdict::Allow,
+            reason: Reason::code("call_allowed"),
+            detail: json!({"provenance": []}),
+            plan_step: None,
+            escalation_id: None,
+            status: CallStatus::Allowed,
+            decided_at: Timestamp(10),
+            result_hash: None,
+            result_labels: Vec::new(),
+            completed_at: None,
+        };
+        sql.execute(
+            "INSERT INTO session_calls (session_id, call_id, seq, record) \
+             VALUES ('s-old', $1, $2, $3)",
+            &[
+                &c.call_id.as_str(),
+                &i64::try_from(c.seq).unwrap(),
+                &serde_json::to_string(&c).unwrap(),
+            ],
+        )
+        .await
+        .unwrap();
+        records.push(c);
+    }
+    records.sort_by_key(|c| c.seq);
+    SessionState {
+        session,
+        sources: vec![1],
+        calls: records,
+    }
+}
+
+/// A schema at version 4 migrates to version 5 with its sessions and calls
+/// intact, and from then on a call at a taken `seq` is refused; one whose
+/// session holds two calls at one `seq` (which no engine wrote) fails the
+/// migration and is left at version 4, unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_4_database_takes_unique_call_positions() {
+    use warden_core::ids::CallId;
+    use warden_store::{Entity, SessionUpdate, UpdateSession};
+
+    let scratch = scratch_or_skip!();
+    let before = write_v4_session(&scratch, &[("c-b", 1), ("c-a", 0)]).await;
+    let store = scratch.store().await;
+    let id = before.session.session_id.clone();
+    assert_eq!(
+        store.get_session(id.clone()).await.unwrap(),
+        Some(before.clone())
+    );
+    let mut taken = before.calls[0].clone();
+    taken.call_id = CallId::parse("c-new").unwrap();
+    let mut session = before.session.clone();
+    session.revision += 1;
+    let err = store
+        .update_session(
+            SessionUpdate {
+                session: session.clone(),
+                sources: None,
+                call: Some(taken.clone()),
+            },
+            before.session.revision,
+            Box::new(|_| vec![numbered(1)]),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err, StoreError::duplicate(Entity::Call, "s-old/#0"));
+    assert_eq!(
+        store.get_session(id.clone()).await.unwrap(),
+        Some(before.clone())
+    );
+    taken.seq = 2;
+    let o = store
+        .update_session(
+            SessionUpdate {
+                session,
+                sources: None,
+                call: Some(taken),
+            },
+            before.session.revision,
+            Box::new(|_| vec![numbered(1)]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(o, UpdateSession::Updated);
+    assert_eq!(store.get_session(id).await.unwrap().unwrap().calls.len(), 3);
+    drop(store);
+
+    // Two calls at one position: the migration fails and changes nothing.
+    let scratch = scratch_or_skip!();
+    write_v4_session(&scratch, &[("c-a", 0), ("c-b", 0)]).await;
+    let err = PgStore::connect_in_schema(&scratch.url, &scratch.schema)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("version 5"), "{err}");
+    let sql = scratch.client().await;
+    let version: i64 = sql
+        .query_one("SELECT schema_version FROM warden_meta", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, 4);
+    let calls: i64 = sql
+        .query_one("SELECT count(*) FROM session_calls", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(calls, 2);
+}

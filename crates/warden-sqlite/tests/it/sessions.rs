@@ -244,6 +244,7 @@ async fn values_sqlite_cannot_hold_change_nothing() {
         calls: Vec::new(),
     };
     huge.session.revision = u64::MAX;
+    huge.session.envelope_id = None;
     let err = store
         .create_session(huge, None, None, Box::new(|_| vec![note(1)]))
         .await

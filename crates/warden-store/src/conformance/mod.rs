@@ -47,8 +47,11 @@
 //!   lifecycle (one open per target, resolved once, consumed once);
 //! - tool-call sessions: creation with the first envelope version and the
 //!   import check (replay, downgrade) in one transaction, compare-and-set
-//!   updates with calls upserted by id, listing, and races of creators,
-//!   updaters and importers (exactly one wins each);
+//!   updates with calls upserted by id, the head read (without the index
+//!   bytes when the caller holds that revision), a create refused when its
+//!   envelope is not the session's, a call's `seq` unique in its session,
+//!   listing in creation order, and races of creators, updaters and
+//!   importers (exactly one wins each);
 //! - failed operations (errors, not outcomes) change nothing and append
 //!   nothing.
 #![allow(
@@ -150,6 +153,9 @@ macro_rules! __conformance_tests {
             sessions_race_import,
             sessions_race_import_versions,
             sessions_list,
+            sessions_create_refuses_inconsistent,
+            sessions_call_seq_unique,
+            sessions_list_in_creation_order,
         );
     };
     (@required ($factory:expr); $($check:ident),* $(,)?) => {
@@ -232,6 +238,9 @@ where
     sessions_race_import(factory().await).await;
     sessions_race_import_versions(factory().await).await;
     sessions_list(factory().await).await;
+    sessions_create_refuses_inconsistent(factory().await).await;
+    sessions_call_seq_unique(factory().await).await;
+    sessions_list_in_creation_order(factory().await).await;
 }
 
 pub mod agents;

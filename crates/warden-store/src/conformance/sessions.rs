@@ -12,9 +12,11 @@ use crate::{
     SessionRecord, SessionState, SessionStatus, UpdateSession,
 };
 
+pub mod contract;
 mod fixtures;
 pub mod races;
 
+pub use contract::*;
 use fixtures::*;
 pub use races::*;
 
@@ -382,40 +384,52 @@ pub async fn sessions_call_upsert<S: Store>(store: S) {
 
 /// [`Store::get_session_head`] of `id` agrees with
 /// [`Store::get_session`]: for no call, for every stored call id, and for
-/// an id no call has; returns the state it checked against.
+/// an id no call has; with no known revision, another one, and the stored
+/// one (then without the index bytes, and only then); returns the state it
+/// checked against.
 pub async fn heads_agree<S: Store>(store: &S, id: &str) -> SessionState {
     let state = get(store, id).await.expect("the session is stored");
     let calls = u64::try_from(state.calls.len()).unwrap();
-    let expect = |call: Option<CallRecord>| SessionHead {
+    let revision = state.session.revision;
+    let expect = |call: Option<CallRecord>, with_sources: bool| SessionHead {
         session: state.session.clone(),
-        sources: state.sources.clone(),
+        sources: with_sources.then(|| state.sources.clone()),
         calls,
         call,
     };
-    assert_eq!(
-        store.get_session_head(sid(id), None).await.unwrap(),
-        Some(expect(None)),
-        "head of `{id}` without a call"
-    );
-    for c in &state.calls {
+    let knowns = [
+        (None, true),
+        (Some(revision - 1), true),
+        (Some(revision + 1), true),
+        (Some(u64::MAX), true),
+        (Some(revision), false),
+    ];
+    for (known, with_sources) in knowns {
+        assert_eq!(
+            store.get_session_head(sid(id), None, known).await.unwrap(),
+            Some(expect(None, with_sources)),
+            "head of `{id}` without a call, known revision {known:?}"
+        );
+        for c in &state.calls {
+            assert_eq!(
+                store
+                    .get_session_head(sid(id), Some(c.call_id.clone()), known)
+                    .await
+                    .unwrap(),
+                Some(expect(Some(c.clone()), with_sources)),
+                "head of `{id}` with call `{}`, known revision {known:?}",
+                c.call_id
+            );
+        }
         assert_eq!(
             store
-                .get_session_head(sid(id), Some(c.call_id.clone()))
+                .get_session_head(sid(id), Some(cid("c-never-decided")), known)
                 .await
                 .unwrap(),
-            Some(expect(Some(c.clone()))),
-            "head of `{id}` with call `{}`",
-            c.call_id
+            Some(expect(None, with_sources)),
+            "head of `{id}` with an unknown call, known revision {known:?}"
         );
     }
-    assert_eq!(
-        store
-            .get_session_head(sid(id), Some(cid("c-never-decided")))
-            .await
-            .unwrap(),
-        Some(expect(None)),
-        "head of `{id}` with an unknown call"
-    );
     state
 }
 
@@ -425,22 +439,27 @@ pub async fn heads_agree<S: Store>(store: &S, id: &str) -> SessionState {
 /// update (nothing changes), a cancel; an unknown session has none, even
 /// with a call id another session holds.
 pub async fn sessions_head<S: Store>(store: S) {
-    assert_eq!(
-        store.get_session_head(sid("s-none"), None).await.unwrap(),
-        None
-    );
+    for known in [None, Some(1)] {
+        assert_eq!(
+            store
+                .get_session_head(sid("s-none"), None, known)
+                .await
+                .unwrap(),
+            None
+        );
+    }
     let mut session = bare("s-head", "agent-a", 10);
     create(&store, state(session.clone(), b"\x00index"), None, None).await;
     let s = heads_agree(&store, "s-head").await;
     assert!(s.calls.is_empty());
     let head = store
-        .get_session_head(sid("s-head"), None)
+        .get_session_head(sid("s-head"), None, None)
         .await
         .unwrap()
         .unwrap();
     assert_eq!(
-        (head.calls, head.sources.as_slice()),
-        (0, &b"\x00index"[..])
+        (head.calls, head.sources.as_deref()),
+        (0, Some(&b"\x00index"[..]))
     );
 
     let mut rev = 1;
@@ -475,14 +494,16 @@ pub async fn sessions_head<S: Store>(store: S) {
         .unwrap();
     rev += 1;
     heads_agree(&store, "s-head").await;
+    // A caller holding the index of the revision before the new sources
+    // gets the new bytes.
     let head = store
-        .get_session_head(sid("s-head"), Some(cid("c-alpha")))
+        .get_session_head(sid("s-head"), Some(cid("c-alpha")), Some(rev - 1))
         .await
         .unwrap()
         .unwrap();
     assert_eq!(head.calls, 3);
     assert_eq!(head.call, Some(done));
-    assert_eq!(head.sources, b"more".to_vec());
+    assert_eq!(head.sources, Some(b"more".to_vec()));
     assert_eq!(head.session.revision, rev);
 
     // A stale update changes nothing the head shows.
@@ -499,7 +520,7 @@ pub async fn sessions_head<S: Store>(store: S) {
     assert_eq!(s.calls.len(), 3);
     assert_eq!(
         store
-            .get_session_head(sid("s-head"), Some(cid("c-late")))
+            .get_session_head(sid("s-head"), Some(cid("c-late")), None)
             .await
             .unwrap()
             .unwrap()
@@ -530,7 +551,7 @@ pub async fn sessions_head<S: Store>(store: S) {
     assert!(other.calls.is_empty());
     assert_eq!(
         store
-            .get_session_head(sid("s-other"), Some(cid("c-zulu")))
+            .get_session_head(sid("s-other"), Some(cid("c-zulu")), Some(1))
             .await
             .unwrap()
             .map(|h| (h.calls, h.call)),
@@ -538,7 +559,7 @@ pub async fn sessions_head<S: Store>(store: S) {
     );
     assert_eq!(
         store
-            .get_session_head(sid("s-none"), Some(cid("c-zulu")))
+            .get_session_head(sid("s-none"), Some(cid("c-zulu")), None)
             .await
             .unwrap(),
         None

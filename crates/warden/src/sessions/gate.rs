@@ -175,9 +175,7 @@ impl<S: Store> Engine<S> {
         let mut approved = false;
         for _ in 0..MAX_SESSION_ATTEMPTS {
             let now = self.now();
-            let state = self
-                .head_for(caller, session_id, Some(&call_id), false)
-                .await?;
+            let (state, cached) = self.head_for_call(caller, session_id, &call_id).await?;
             let existing = state.call.clone();
             if let Some(existing) = &existing {
                 if existing.arguments_hash != hash {
@@ -192,7 +190,7 @@ impl<S: Store> Engine<S> {
                         .await;
                 }
             }
-            let index = self.restore_index_of(&state.session, &state.sources)?;
+            let index = self.index_of_head(&state, cached)?;
             let envelope = match (&state.session.envelope_id, self.context_policy()) {
                 (Some(id), Some(policy)) => Some(self.load_envelope(policy, id).await?),
                 _ => None,

@@ -106,8 +106,9 @@ impl<S: Store> Engine<S> {
             let labels = self
                 .fold_call_labels(caller, &state.session, &call, &report.labels, now)
                 .await?;
-            let mut index =
-                SourceIndex::clone(&*self.restore_index_of(&state.session, &state.sources)?);
+            let mut index = SourceIndex::clone(
+                &*self.restore_index_of(&state.session, state.sources.as_deref())?,
+            );
             let source = SourceId::parse(call_id.as_str())
                 .map_err(|e| EngineError::internal(format!("source id: {e}")))?;
             let trust = self
@@ -362,7 +363,7 @@ impl<S: Store> Engine<S> {
             let Some(state) = self
                 .inner
                 .store
-                .get_session_head(session_id.clone(), Some(call_id.clone()))
+                .get_session_head(session_id.clone(), Some(call_id.clone()), None)
                 .await?
             else {
                 return Ok(());
