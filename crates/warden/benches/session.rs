@@ -79,9 +79,13 @@ fn text(bytes: usize) -> Value {
     json!(line.repeat(bytes / line.len() + 1))
 }
 
-/// Sessions the bench spreads its calls over (a session holds at most
-/// `warden::sessions::MAX_CALLS` calls).
-const SESSIONS: usize = 48;
+/// Sessions the bench spreads its calls over, [`CALLS_PER_SESSION`] each (a
+/// session holds at most `warden::sessions::MAX_CALLS` calls): enough for
+/// the iterations criterion runs at a few microseconds per call.
+const SESSIONS: usize = 256;
+
+/// Calls the bench makes in one session before moving to the next.
+const CALLS_PER_SESSION: usize = 9_000;
 
 async fn setup() -> (Engine<Shared>, Vec<SessionId>, String) {
     let engine = Engine::open(
@@ -160,7 +164,9 @@ fn bench(c: &mut Criterion) {
     let call = |engine: &Engine<Shared>| {
         let k = n.fetch_add(1, Ordering::Relaxed);
         let id = CallId::parse(&format!("c{k}")).unwrap();
-        let s = &sessions[(k as usize / 9_000) % SESSIONS];
+        let s = sessions
+            .get(k as usize / CALLS_PER_SESSION)
+            .expect("more calls than the sessions hold: raise SESSIONS");
         let answer = rt
             .block_on(engine.session_call(
                 &caller,
