@@ -146,7 +146,7 @@ pub enum Completion {
 
 /// A memory step's effect, read from its arguments once.
 #[derive(Debug, Clone)]
-enum MemoryCall {
+pub(crate) enum MemoryCall {
     Read { namespace: Namespace, key: Key },
     Write(WriteRequest),
 }
@@ -154,7 +154,7 @@ enum MemoryCall {
 impl MemoryCall {
     /// The call a memory step's arguments describe (the preflight checked
     /// them against the built-in schema); an error names what is wrong.
-    fn parse(action: &str, args: &Map<String, Value>) -> Result<Self, String> {
+    pub(crate) fn parse(action: &str, args: &Map<String, Value>) -> Result<Self, String> {
         let text = |name: &str| args.get(name).and_then(Value::as_str).unwrap_or_default();
         let namespace = Namespace::parse(text("namespace")).map_err(|e| e.to_string())?;
         let key = Key::parse(text("key")).map_err(|e| e.to_string())?;
@@ -573,7 +573,7 @@ impl<S: Store> Engine<S> {
     /// Execute a memory step's effect for `actor`, recording `pre` (the
     /// gate's entry) with it. Denials come back as a `StepResult` with an
     /// error, not as `Err`.
-    async fn execute_memory_call(
+    pub(crate) async fn execute_memory_call(
         &self,
         actor: &AgentId,
         call: MemoryCall,

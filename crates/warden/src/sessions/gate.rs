@@ -22,6 +22,7 @@ use warden_store::{
     SessionHead, SessionStatus, SessionUpdate, Store,
 };
 
+use super::memory::executed_by_engine;
 use super::session_reasons as sr;
 use super::{CallAnswer, MAX_ARGUMENT_BYTES, MAX_CALLS, MAX_SESSION_ATTEMPTS, digest_of};
 use warden_core::decision::Verdict;
@@ -100,6 +101,25 @@ impl<S: Store> Engine<S> {
                         kind: ConflictKind::CallId,
                         id: call_id.to_string(),
                     });
+                }
+                if existing.status == CallStatus::Allowed
+                    && executed_by_engine(existing.action.as_str())
+                {
+                    // Allowed, and stopped before its result was recorded:
+                    // perform it now (the repeat is recorded first).
+                    let replay = self
+                        .replay_call(caller, existing.clone(), resource.clone(), now)
+                        .await?;
+                    return self
+                        .execute_session_memory(
+                            caller,
+                            actor,
+                            session_id,
+                            existing.clone(),
+                            replay.decision,
+                            &call.arguments,
+                        )
+                        .await;
                 }
                 if existing.status != CallStatus::Escalated {
                     return self
@@ -216,10 +236,23 @@ impl<S: Store> Engine<S> {
                     state.session.revision + 1,
                     index,
                 );
+                if status == CallStatus::Allowed && executed_by_engine(&call.action) {
+                    return self
+                        .execute_session_memory(
+                            caller,
+                            actor,
+                            session_id,
+                            record,
+                            decision,
+                            &call.arguments,
+                        )
+                        .await;
+                }
                 return Ok(CallAnswer {
                     decision,
                     call: record,
                     replayed: false,
+                    result: None,
                 });
             }
         }
@@ -256,6 +289,7 @@ impl<S: Store> Engine<S> {
             decision: d,
             call,
             replayed: true,
+            result: None,
         })
     }
 

@@ -23,6 +23,7 @@
 //! is never forgotten and taint never laundered.
 
 mod gate;
+mod memory;
 mod open;
 mod result;
 
@@ -139,6 +140,12 @@ pub struct CallAnswer {
     pub call: CallRecord,
     /// Whether the answer came from the call's record.
     pub replayed: bool,
+    /// What the engine returned for a call it executed itself (a memory
+    /// read or write, which the engine owns): the resolved value, or the
+    /// written record's owner and revision. `None` for every other call
+    /// (the runtime runs those and reports their results) and for a
+    /// replay (only fingerprints of results are kept).
+    pub result: Option<Value>,
 }
 
 /// Hash of the canonical JSON of `value`.

@@ -90,11 +90,20 @@ impl<S: Store> Engine<S> {
                         decision: d,
                         call,
                         replayed: true,
+                        result: None,
                     });
                 }
                 CallStatus::Denied | CallStatus::Escalated => {
                     return Err(EngineError::Conflict {
                         kind: ConflictKind::CallNotAllowed,
+                        id: call_id.to_string(),
+                    });
+                }
+                CallStatus::Allowed if super::memory::executed_by_engine(call.action.as_str()) => {
+                    // The engine performs memory calls and records their
+                    // results itself; nobody else reports one.
+                    return Err(EngineError::Conflict {
+                        kind: ConflictKind::CallResult,
                         id: call_id.to_string(),
                     });
                 }
@@ -175,6 +184,7 @@ impl<S: Store> Engine<S> {
                     decision: d,
                     call: done,
                     replayed: false,
+                    result: None,
                 });
             }
         }
@@ -188,7 +198,7 @@ impl<S: Store> Engine<S> {
     /// labels the gate's obligations demand) into the session's envelope
     /// through the one fold of runs and sessions; the labels the outcome
     /// carries. An unknown label is an input error and changes nothing.
-    async fn fold_call_labels(
+    pub(super) async fn fold_call_labels(
         &self,
         caller: &Caller,
         session: &warden_store::SessionRecord,
