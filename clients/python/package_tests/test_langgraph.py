@@ -191,6 +191,9 @@ def test_a_sub_graph_is_a_delegated_child_without_its_parents_missing_tools(
     assert [(c.action, c.status) for c in stored.calls] == \
         [("read_inbox", "completed"), ("wipe_mailbox", "denied")]
     assert parent.session().calls == []
+    # Decided as the child (its own token), whatever the graph carries.
+    subjects = {e.subject for e in operator.audit_entries() if e.operation == "session.call"}
+    assert subjects == {"assistant.mail-clerk"}
 
 
 def test_an_async_graph_with_an_async_gate(server: Any) -> None:

@@ -23,7 +23,7 @@ Shape = Tuple[str, bool, Any]  # (kind, nullable, detail)
 
 def resolve(doc: Dict[str, Any], schema: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[str]]:
     """The schema behind ``$ref`` / single ``allOf``, and the name it had."""
-    name = None
+    name: Optional[str] = None
     while True:
         if "$ref" in schema:
             name = schema["$ref"].rsplit("/", 1)[1]
@@ -40,8 +40,8 @@ def schema_shape(doc: Dict[str, Any], schema: Dict[str, Any]) -> Shape:
     if variants is not None:
         rest = [v for v in variants if v.get("enum") != [None]]
         assert len(rest) == len(variants) - 1 == 1, schema
-        kind, _, detail = schema_shape(doc, rest[0])
-        return kind, True, detail
+        inner, _, detail = schema_shape(doc, rest[0])
+        return inner, True, detail
     target, name = resolve(doc, schema)
     nullable = nullable or bool(target.get("nullable"))
     if "enum" in target:

@@ -14,7 +14,7 @@ import json
 from typing import Any, Dict, List, Tuple
 
 import pytest
-from agents import Agent, FunctionTool, RunConfig, Runner, function_tool
+from agents import Agent, FunctionTool, RunConfig, Runner, Tool, function_tool
 from agents.handoffs import Handoff
 from agents.testing import ScriptedModel, assistant_message, function_call
 
@@ -61,7 +61,7 @@ class Tools:
             log.append(("wipe_mailbox", {}))
             return "wiped"
 
-        self.all: List[FunctionTool] = [read_inbox, send_email, send_money, wipe_mailbox]
+        self.all: List[Tool] = [read_inbox, send_email, send_money, wipe_mailbox]
 
 
 def outputs_seen(model: ScriptedModel) -> Dict[str, str]:
@@ -211,7 +211,9 @@ def test_arguments_that_are_not_an_object_never_reach_the_tool(server: LocalServ
     async def scenario() -> None:
         tools = Tools()
         gate = await agent_gate(server, USER)
-        wrapped = governed_tool(gate, tools.all[1])
+        send = tools.all[1]
+        assert isinstance(send, FunctionTool)
+        wrapped = governed_tool(gate, send)
         out = await wrapped.on_invoke_tool(None, json.dumps(["x"]))  # type: ignore[arg-type]
         assert "did not run" in out and tools.log == []
         assert (await gate.session()).calls == []

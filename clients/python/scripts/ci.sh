@@ -23,7 +23,6 @@ pip_quiet=(--quiet --disable-pip-version-check)
 
 "$python" -m venv "$work/venv"
 venv="$work/venv/bin"
-"$venv/python" -m pip install "${pip_quiet[@]}" --upgrade pip
 "$venv/python" -m pip wheel "${pip_quiet[@]}" --no-deps --wheel-dir "$work/dist" "$here"
 wheel="$(ls "$work"/dist/warden_client-*.whl)"
 "$venv/python" -m zipfile -l "$wheel" > "$work/wheel-contents.txt"
@@ -33,8 +32,8 @@ grep -q "warden_client/py.typed" "$work/wheel-contents.txt"
 cd "$here"
 echo "-- generated async client is current"
 "$venv/python" scripts/gen_async.py --check
-echo "-- mypy --strict"
-"$venv/python" -m mypy --strict src/warden_client
+echo "-- mypy --strict (the package, its tests, the examples)"
+"$venv/python" -m mypy --strict src/warden_client package_tests "$repo/examples/python"
 echo "-- tests (the installed wheel, a real server per test)"
 # The tests import the installed package (the source tree is not on the path).
 "$venv/python" -m pytest -q -p no:cacheprovider package_tests

@@ -63,6 +63,9 @@ class RetryPolicy:
         return base * (0.5 + random.random() / 2)
 
 
+#: The default: 3 tries.
+DEFAULT_RETRY = RetryPolicy()
+#: No retry at all.
 NO_RETRY = RetryPolicy(attempts=1)
 
 _TRANSIENT_STATUSES = frozenset({502, 503, 504})

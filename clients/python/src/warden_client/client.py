@@ -13,6 +13,7 @@ import httpx
 
 from . import models as m
 from ._routes import (
+    DEFAULT_RETRY,
     Json,
     Request,
     RetryPolicy,
@@ -42,7 +43,7 @@ class WardenClient:
     """
 
     def __init__(self, base_url: str, token: Optional[str] = None, *, timeout: float = 10.0,
-                 retry: RetryPolicy = RetryPolicy(),
+                 retry: RetryPolicy = DEFAULT_RETRY,
                  transport: Optional[httpx.BaseTransport] = None,
                  _http: Optional[httpx.Client] = None) -> None:
         self.base_url = base_url.rstrip("/")

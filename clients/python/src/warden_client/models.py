@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import typing
-from typing import Any, ClassVar, Dict, List, Literal, Mapping, Optional, Type, TypeVar
+from typing import Any, Callable, ClassVar, Dict, List, Literal, Mapping, Optional, Type, TypeVar
 
 from .errors import ProtocolError
 
@@ -203,14 +203,13 @@ def _decode(tp: Any, data: Any, path: str) -> Any:
     raise TypeError(f"unsupported type {tp}")  # pragma: no cover
 
 
-def _model(schema: str) -> Any:
-    """Class decorator: a frozen dataclass reading schema ``schema``."""
+def _model(schema: str) -> Callable[[Type[M]], Type[M]]:
+    """Class decorator (over ``dataclass``): the model reads schema ``schema``."""
 
     def wrap(cls: Type[M]) -> Type[M]:
         cls.WIRE_SCHEMA = schema
-        out = dataclasses.dataclass(frozen=True)(cls)
-        MODELS.append(out)
-        return out
+        MODELS.append(cls)
+        return cls
 
     return wrap
 
@@ -226,6 +225,7 @@ def _empty() -> Any:
 
 
 @_model("DecisionBody")
+@dataclasses.dataclass(frozen=True)
 class Decision(WireModel):
     """A decision as recorded in the log."""
 
@@ -240,6 +240,7 @@ class Decision(WireModel):
 
 
 @_model("HealthResponse")
+@dataclasses.dataclass(frozen=True)
 class Health(WireModel):
     status: str
     policy_version: str
@@ -249,6 +250,7 @@ class Health(WireModel):
 
 
 @_model("AgentCreatedResponse")
+@dataclasses.dataclass(frozen=True)
 class AgentCreated(WireModel):
     """A registered agent and its one-time token."""
 
@@ -260,6 +262,7 @@ class AgentCreated(WireModel):
 
 
 @_model("TokenIssuedResponse")
+@dataclasses.dataclass(frozen=True)
 class TokenIssued(WireModel):
     agent_id: str
     token_id: str
@@ -267,6 +270,7 @@ class TokenIssued(WireModel):
 
 
 @_model("AgentResponse")
+@dataclasses.dataclass(frozen=True)
 class Agent(WireModel):
     agent_id: str
     parent_id: Optional[str]
@@ -278,11 +282,13 @@ class Agent(WireModel):
 
 
 @_model("RevokedResponse")
+@dataclasses.dataclass(frozen=True)
 class Revoked(WireModel):
     revoked: List[str]
 
 
 @_model("TokenRevokedResponse")
+@dataclasses.dataclass(frozen=True)
 class TokenRevoked(WireModel):
     token_id: str
     revoked: bool
@@ -292,6 +298,7 @@ class TokenRevoked(WireModel):
 
 
 @_model("ContributorBody")
+@dataclasses.dataclass(frozen=True)
 class Contributor(WireModel):
     owner_agent_id: str
     revision: int
@@ -299,6 +306,7 @@ class Contributor(WireModel):
 
 
 @_model("MemoryValueResponse")
+@dataclasses.dataclass(frozen=True)
 class MemoryValue(WireModel):
     namespace: str
     key: str
@@ -313,6 +321,7 @@ class MemoryValue(WireModel):
 
 
 @_model("MemoryWrittenResponse")
+@dataclasses.dataclass(frozen=True)
 class MemoryWritten(WireModel):
     namespace: str
     key: str
@@ -324,6 +333,7 @@ class MemoryWritten(WireModel):
 
 
 @_model("MemoryDeletedResponse")
+@dataclasses.dataclass(frozen=True)
 class MemoryDeleted(WireModel):
     namespace: str
     key: str
@@ -335,6 +345,7 @@ class MemoryDeleted(WireModel):
 
 
 @_model("StepDecisionBody")
+@dataclasses.dataclass(frozen=True)
 class StepDecision(WireModel):
     step_id: str
     action: str
@@ -343,12 +354,14 @@ class StepDecision(WireModel):
 
 
 @_model("ValidateResponse")
+@dataclasses.dataclass(frozen=True)
 class Validation(WireModel):
     admitted: bool
     decisions: List[StepDecision]
 
 
 @_model("RunStepBody")
+@dataclasses.dataclass(frozen=True)
 class RunStep(WireModel):
     step_id: str
     action: str
@@ -356,6 +369,7 @@ class RunStep(WireModel):
 
 
 @_model("RunAdmittedResponse")
+@dataclasses.dataclass(frozen=True)
 class RunAdmitted(WireModel):
     run_id: str
     existing: bool
@@ -364,6 +378,7 @@ class RunAdmitted(WireModel):
 
 
 @_model("OutcomeBody")
+@dataclasses.dataclass(frozen=True)
 class Outcome(WireModel):
     status: StepStatus
     result: Any
@@ -373,6 +388,7 @@ class Outcome(WireModel):
 
 
 @_model("GateResponse")
+@dataclasses.dataclass(frozen=True)
 class Gate(WireModel):
     """The answer of ``begin``: ``proceed`` (run the tool), ``replay`` or
     ``executed`` (the recorded outcome)."""
@@ -389,6 +405,7 @@ class Gate(WireModel):
 
 
 @_model("EnvelopeResponse")
+@dataclasses.dataclass(frozen=True)
 class Envelope(WireModel):
     """A run's envelope: names and levels, never data."""
 
@@ -405,12 +422,14 @@ class Envelope(WireModel):
 
 
 @_model("DeclassifyResponse")
+@dataclasses.dataclass(frozen=True)
 class Declassified(WireModel):
     decision: Decision
     envelope: Envelope
 
 
 @_model("EnvelopeKeyResponse")
+@dataclasses.dataclass(frozen=True)
 class EnvelopeKey(WireModel):
     issuer: str
     public_key: str
@@ -419,6 +438,7 @@ class EnvelopeKey(WireModel):
 
 
 @_model("ReceiptResponse")
+@dataclasses.dataclass(frozen=True)
 class Receipt(WireModel):
     envelope_ref: str
     sensitivity_tier: Sensitivity
@@ -427,6 +447,7 @@ class Receipt(WireModel):
 
 
 @_model("EscalationBody")
+@dataclasses.dataclass(frozen=True)
 class Escalation(WireModel):
     """A request held for review. ``target`` is ``{"kind": "call",
     "session_id", "call_id"}``, ``{"kind": "step", "run_id", "step_id"}``
@@ -451,11 +472,13 @@ class Escalation(WireModel):
 
 
 @_model("EscalationListResponse")
+@dataclasses.dataclass(frozen=True)
 class EscalationList(WireModel):
     escalations: List[Escalation]
 
 
 @_model("ReviewResponse")
+@dataclasses.dataclass(frozen=True)
 class Review(WireModel):
     decision: Decision
     escalation: Escalation
@@ -465,6 +488,7 @@ class Review(WireModel):
 
 
 @_model("AuditEntryBody")
+@dataclasses.dataclass(frozen=True)
 class AuditEntry(WireModel):
     seq: int
     time: int
@@ -480,12 +504,14 @@ class AuditEntry(WireModel):
 
 
 @_model("AuditPageResponse")
+@dataclasses.dataclass(frozen=True)
 class AuditPage(WireModel):
     entries: List[AuditEntry]
     next_after: Optional[int]
 
 
 @_model("VerifyResponse")
+@dataclasses.dataclass(frozen=True)
 class AuditVerification(WireModel):
     valid: bool
     count: int
@@ -499,6 +525,7 @@ class AuditVerification(WireModel):
 
 
 @_model("CallBody")
+@dataclasses.dataclass(frozen=True)
 class Call(WireModel):
     """One call of a session as decided. ``provenance``: one entry per
     value a provenance rule guards (``path``, ``origins``, ``vouched``...)."""
@@ -526,6 +553,7 @@ class Call(WireModel):
 
 
 @_model("CallResponse")
+@dataclasses.dataclass(frozen=True)
 class CallAnswer(Call):
     """The answer to a proposed call or a recorded result: the call, whether
     the answer was replayed from its record, and the decision recorded for
@@ -536,6 +564,7 @@ class CallAnswer(Call):
 
 
 @_model("SessionEnvelopeBody")
+@dataclasses.dataclass(frozen=True)
 class SessionEnvelope(WireModel):
     envelope_id: str
     version: int
@@ -545,6 +574,7 @@ class SessionEnvelope(WireModel):
 
 
 @_model("PlanStepBody")
+@dataclasses.dataclass(frozen=True)
 class PlanStep(WireModel):
     step_id: Optional[str]
     action: Optional[str]
@@ -552,12 +582,14 @@ class PlanStep(WireModel):
 
 
 @_model("SessionPlanBody")
+@dataclasses.dataclass(frozen=True)
 class SessionPlan(WireModel):
     hash: str
     steps: List[PlanStep]
 
 
 @_model("IndexBody")
+@dataclasses.dataclass(frozen=True)
 class SessionIndex(WireModel):
     recorded_bytes: int
     sources: int
@@ -566,6 +598,7 @@ class SessionIndex(WireModel):
 
 
 @_model("SessionBody")
+@dataclasses.dataclass(frozen=True)
 class Session(WireModel):
     """A session: its agent, status, envelope, plan, index sizes and calls."""
 
