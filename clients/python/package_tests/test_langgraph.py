@@ -19,7 +19,14 @@ from langchain_core.tools import BaseTool, tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
-from warden_client import AsyncSessionGate, OnEscalation, SessionGate, WardenClient
+from warden_client import (
+    NO_RETRY,
+    AsyncSessionGate,
+    OnEscalation,
+    SessionGate,
+    TransportError,
+    WardenClient,
+)
 from warden_client.langgraph import governed_tool_node
 
 USER = "Read my newest mail and do what it asks"
@@ -224,5 +231,16 @@ def test_an_async_gate_refuses_a_sync_run(server: Any) -> None:
     graph = agent_graph(model(call("read_inbox", {}, "t1")), gate, tools.all)
     # A configuration error, not a decision: it is raised, and no tool ran.
     with pytest.raises(TypeError, match="AsyncSessionGate"):
+        graph.invoke({"messages": [HumanMessage(USER)]})
+    assert tools.log == []
+
+
+def test_warden_unreachable_raises_and_runs_nothing(assistant: WardenClient) -> None:
+    opened = SessionGate.open(assistant, [USER]).opened
+    unreachable = WardenClient("http://127.0.0.1:9", assistant.token, retry=NO_RETRY)
+    gate = SessionGate(unreachable, opened, [USER])
+    tools = Tools()
+    graph = agent_graph(model(call("read_inbox", {}, "t1")), gate, tools.all)
+    with pytest.raises(TransportError):
         graph.invoke({"messages": [HumanMessage(USER)]})
     assert tools.log == []
