@@ -6,12 +6,21 @@ one is not retried (the error is raised, the server acted once)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, List
+from pathlib import Path
+from typing import Callable, Iterator, List
 
 import httpx
 import pytest
 
-from warden_client import AsyncWardenClient, RetryPolicy, TransportError, WardenClient
+from warden_client import (
+    NO_RETRY,
+    AsyncWardenClient,
+    NotFound,
+    QuotaExceeded,
+    RetryPolicy,
+    TransportError,
+    WardenClient,
+)
 from warden_client.testing import LocalServer
 
 FAST = RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.05)
@@ -124,3 +133,62 @@ def test_the_async_client_retries_the_same_way(server: LocalServer) -> None:
         assert transport.seen.count(f"POST /v1/sessions/{s}/calls") == 2
 
     asyncio.run(scenario())
+
+
+class CountingTransport(httpx.HTTPTransport):
+    """Forwards every request and keeps each answer's status."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.statuses: List[int] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        self.statuses.append(response.status_code)
+        return response
+
+
+RATE_LIMITED = (Path(__file__).resolve().parent / "policy.yaml").read_text() + \
+    "quotas:\n  agents:\n    assistant: {requests_per_second: 2}\n"
+
+
+@pytest.fixture
+def rate_limited(tmp_path: Path) -> Iterator[LocalServer]:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(RATE_LIMITED)
+    server = LocalServer(policy).start()
+    yield server
+    assert server.stop() == 0
+
+
+def test_a_rate_limited_call_is_retried_even_without_a_key(rate_limited: LocalServer) -> None:
+    token = rate_limited.operator().issue_token("assistant").token
+    # Without retries the refusal is raised, with the server's wait, and
+    # nothing was created.
+    with WardenClient(rate_limited.base_url, token, retry=NO_RETRY) as once:
+        refused = None
+        for i in range(20):
+            try:
+                once.delegate(f"assistant.once-{i}", ["read_inbox"])
+            except QuotaExceeded as e:
+                refused = (i, e)
+                break
+        assert refused is not None, "the bucket never ran dry"
+        i, error = refused
+        assert error.code == "quota_requests_per_second"
+        assert error.retry_after is not None and error.retry_after > 0
+    with pytest.raises(NotFound):
+        rate_limited.operator().agent(f"assistant.once-{i}")
+    # With retries, every delegation goes through: refusals are waited out.
+    transport = CountingTransport()
+    retrying = RetryPolicy(attempts=5, backoff=0.1, max_backoff=2.0)
+    with WardenClient(rate_limited.base_url, token, retry=retrying, transport=transport) as client:
+        created = []
+        for n in range(20):
+            created.append(client.delegate(f"assistant.retried-{n}", ["read_inbox"]).agent_id)
+            if 429 in transport.statuses:
+                break
+        assert 429 in transport.statuses, "the bucket never ran dry"
+    assert transport.statuses[-1] == 201
+    for agent_id in created:
+        assert rate_limited.operator().agent(agent_id).parent_id == "assistant"

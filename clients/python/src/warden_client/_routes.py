@@ -40,8 +40,8 @@ class RetryPolicy:
 
     ``attempts`` counts every try (1 = no retry). The delay before retry
     ``n`` (1-based) is ``backoff * 2 ** (n - 1)`` with up to 50% jitter,
-    capped at ``max_backoff``; a ``Retry-After`` answer is honoured up to
-    ``max_backoff``.
+    capped at ``max_backoff``; a rate-limit refusal waits the server's time
+    (``details.retry_after_ms``, else ``Retry-After``) up to ``max_backoff``.
 
     What is retried (see the README): a request that got no answer, a 502,
     503 or 504, and a 409 ``session_contention`` are retried only for calls
@@ -139,14 +139,23 @@ def answer(request: "Request[T]", status: int, content_type: str, content: bytes
         code, message, details = "http_error", content.decode("utf-8", "replace")[:500], {}
     cls = error_for(status, code)
     if cls is QuotaExceeded:
-        after: Optional[float] = None
-        if retry_after is not None:
-            try:
-                after = float(retry_after)
-            except ValueError:
-                after = None
-        raise QuotaExceeded(status, code, message, details, retry_after=after)
+        raise QuotaExceeded(status, code, message, details,
+                            retry_after=_retry_after(details, retry_after))
     raise cls(status, code, message, details)
+
+
+def _retry_after(details: Dict[str, Any], header: Optional[str]) -> Optional[float]:
+    """Seconds to wait: ``details.retry_after_ms`` (exact), else the
+    ``Retry-After`` header (whole seconds)."""
+    exact = details.get("retry_after_ms")
+    if isinstance(exact, (int, float)) and not isinstance(exact, bool):
+        return float(exact) / 1000.0
+    if header is not None:
+        try:
+            return float(header)
+        except ValueError:
+            return None
+    return None
 
 
 def transport_error(e: Exception) -> TransportError:
