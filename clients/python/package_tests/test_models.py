@@ -1,7 +1,8 @@
 """The typed models against the server's own ``/openapi.json``: every
 model's fields, required-ness, nullability, enum values and nested models
-match its schema, and every JSON object a route answers has a model. A
-change of the server's wire types fails here until the models follow."""
+match its schema, every JSON object a route answers has a model, and every
+request the client builds matches its route (path, body fields, query). A
+change of the server's wire types fails here until the client follows."""
 
 from __future__ import annotations
 
@@ -184,3 +185,71 @@ def models_request(method: str, path: str, body: Any) -> Any:
     from warden_client import Request
 
     return Request(method, path, lambda data: data, True, body)
+
+
+NEVER_SENT = {"/v1/agents/self/children": {"parent_id"}}
+
+
+def every_request() -> List[Any]:
+    """Every request the client builds, each optional part filled in."""
+    from warden_client._routes import Routes
+
+    sop = {"sop_id": "s", "version": 1, "steps": []}
+    return [
+        Routes.health(), Routes.envelope_key(), Routes.openapi(), Routes.metrics(),
+        Routes.register_agent("a", "p", ["x"], {"k": 1}, ["t"]),
+        Routes.issue_token("a"), Routes.revoke_token("t"), Routes.revoke_agent("a"),
+        Routes.agent("a"), Routes.audit(0, 10), Routes.verify_audit(),
+        Routes.escalations("pending"), Routes.escalation("e"), Routes.approve_escalation("e"),
+        Routes.reject_escalation("e", "r"), Routes.me(),
+        Routes.delegate("c", ["x"], {"k": 1}, ["t"], "r", "s", ["no_x"], "internal", True),
+        Routes.read("n", "k"),
+        Routes.write("n", "k", 1, 3, "private", {"class": "c", "combine": "min",
+                                                  "grants": ["a"], "expires_at": 1,
+                                                  "owner_agent_id": "a"}),
+        Routes.delete("n", "k", 3), Routes.validate_sop(sop), Routes.admit_run(sop, "r"),
+        Routes.begin_step("r", "s"), Routes.complete_step("r", "s", 1, ["l"], "e"),
+        Routes.envelope("r"), Routes.signed_envelope("r"), Routes.receipt("r"),
+        Routes.declassify("r", "public", "why", ["l"]),
+        Routes.open_session("s", ["u"], sop, "a", {"envelope": {}}),
+        Routes.get_session("s"), Routes.gate_call("s", "a", {}, "c"),
+        Routes.record_result("s", "c", 1, "e", ["l"]), Routes.cancel_session("s", "r"),
+    ]
+
+
+def operation_of(document: Dict[str, Any], method: str, path: str) -> Tuple[str, Dict[str, Any]]:
+    """The route of a request: its literal path if the document has it
+    (``/v1/agents/self``), else the template it matches."""
+    import re
+
+    paths = document["paths"]
+    if method.lower() in paths.get(path, {}):
+        return path, paths[path][method.lower()]
+    for template, methods in paths.items():
+        pattern = "^" + re.sub(r"[{][^}]+[}]", "[^/]+", template) + "$"
+        if re.match(pattern, path) and method.lower() in methods:
+            return template, methods[method.lower()]
+    raise AssertionError(f"{method} {path}: no such route in /openapi.json")
+
+
+def test_every_request_matches_its_route(document: Dict[str, Any]) -> None:
+    used = set()
+    for request in every_request():
+        template, op = operation_of(document, request.method, request.path)
+        used.add((request.method, template))
+        body_schema = op.get("requestBody", {}).get("content", {}).get("application/json")
+        if body_schema is None:
+            assert request.body is None, f"{request.method} {template} takes no body"
+        else:
+            schema, _ = resolve(document, body_schema["schema"])
+            sent = set(request.body or {})
+            assert sent <= set(schema["properties"]), (template, sent - set(schema["properties"]))
+            assert set(schema.get("required", [])) <= sent, template
+            # Every field the route reads, the client can send (but the
+            # parent of a delegation: it is always the caller).
+            unsent = set(schema["properties"]) - sent - NEVER_SENT.get(template, set())
+            assert unsent == set(), (template, unsent)
+        names = {p["name"] for p in op.get("parameters", []) if p["in"] == "query"}
+        assert set(request.query or {}) == names, template
+    routes = {(m.upper(), p) for p, ms in document["paths"].items() for m in ms}
+    assert routes - used == set()
