@@ -176,3 +176,27 @@ def test_every_decision_is_in_the_verified_log(operator: WardenClient,
     assert "argument_not_vouched:to" in [e.reason for e in entries]
     verified = operator.verify_audit()
     assert verified.valid and verified.count == len(entries)
+
+
+def test_a_plan_binds_a_later_argument_to_an_earlier_result(assistant: WardenClient) -> None:
+    plan = {"sop_id": "mail-friend", "version": 1, "steps": [
+        {"step_id": "look", "action": "list_contacts", "arguments": {}},
+        {"step_id": "send", "action": "send_email",
+         "arguments": {"to": {"$bind": {"step": "look"}}, "body": "See you at 5"}},
+    ]}
+    opened = assistant.open_session(["Tell my friend I will see them at 5"], plan=plan)
+    assert opened.plan is not None
+    assert [(s.step_id, s.action, s.used_by) for s in opened.plan.steps] == \
+        [("look", "list_contacts", None), ("send", "send_email", None)]
+    s = opened.session_id
+    looked = assistant.gate_call(s, "list_contacts", {}, call_id="0")
+    assert (looked.verdict, looked.plan_step) == ("allow", "look")
+    assistant.record_result(s, "0", [{"name": "Ann", "email": "ann@friends.example"}])
+    unplanned = assistant.gate_call(s, "send_email", {"to": "ann@friends.example",
+                                                      "body": "something else"}, call_id="1")
+    assert (unplanned.verdict, unplanned.reason) == ("deny", "unplanned_call")
+    sent = assistant.gate_call(s, "send_email", {"to": "ann@friends.example",
+                                                 "body": "See you at 5"}, call_id="2")
+    assert (sent.verdict, sent.plan_step) == ("allow", "send")
+    stored = assistant.get_session(s)
+    assert stored.plan is not None and [st.used_by for st in stored.plan.steps] == ["0", "2"]

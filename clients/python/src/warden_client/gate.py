@@ -26,8 +26,18 @@ import asyncio
 import dataclasses
 import json
 import time
-from typing import Any, Awaitable, Callable, Generic, Iterable, List, Mapping, Optional, \
-    Sequence, TypeVar
+from typing import (
+    Any,
+    Awaitable,
+    Callable,
+    Generic,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    TypeVar,
+)
 
 from . import models as m
 from ._routes import Json, new_id
