@@ -219,3 +219,17 @@ def test_arguments_that_are_not_an_object_never_reach_the_tool(server: LocalServ
         assert (await gate.session()).calls == []
 
     asyncio.run(scenario())
+
+
+def test_a_gated_tool_keeps_what_the_sdk_applies_around_it(assistant: WardenClient) -> None:
+    @function_tool(needs_approval=True, timeout=5)
+    async def send_email(to: str, body: str) -> str:
+        """Send an email."""
+        return "sent"
+
+    gate = SessionGate.open(assistant, [USER])
+    wrapped = governed_tool(gate, send_email)
+    assert (wrapped.name, wrapped.params_json_schema, wrapped.needs_approval,
+            wrapped.timeout_seconds) == \
+        (send_email.name, send_email.params_json_schema, True, 5.0)
+    assert wrapped.on_invoke_tool is not send_email.on_invoke_tool

@@ -20,6 +20,7 @@ in the model's output (tool arguments, handoff input) chooses it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Any, Iterable, Optional, Union
 
@@ -83,9 +84,9 @@ def governed_tool(gate: Gate, tool: FunctionTool) -> FunctionTool:
         await _record(gate, decided.call_id, _result(output), None)
         return output
 
-    return FunctionTool(name=tool.name, description=tool.description,
-                        params_json_schema=tool.params_json_schema, on_invoke_tool=invoke,
-                        strict_json_schema=tool.strict_json_schema, is_enabled=tool.is_enabled)
+    # Everything else the tool carries (its schema, guardrails, approval,
+    # timeout) is kept; the SDK applies it around the gated invocation.
+    return dataclasses.replace(tool, on_invoke_tool=invoke)
 
 
 def governed_agent(gate: Gate, agent: Agent[Any], **changes: Any) -> Agent[Any]:
