@@ -97,10 +97,14 @@ class WireModel:
         return value
 
     def to_json(self) -> Dict[str, Any]:
-        """The model as JSON (the server's field names)."""
+        """The model as JSON (the server's field names). A field the server
+        may leave out (its default is ``None``) is left out when ``None``."""
         out: Dict[str, Any] = {}
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            out[wire_name(f.name)] = _encode(getattr(self, f.name))
+            value = getattr(self, f.name)
+            if value is None and f.default is None:
+                continue
+            out[wire_name(f.name)] = _encode(value)
         return out
 
 
@@ -557,10 +561,13 @@ class Call(WireModel):
 class CallAnswer(Call):
     """The answer to a proposed call or a recorded result: the call, whether
     the answer was replayed from its record, and the decision recorded for
-    this request."""
+    this request. ``result``: for a call the server performs itself
+    (``memory.read``, ``memory.write``), what it returned (the resolved
+    value, or the written record's owner and revision); ``None`` otherwise."""
 
     replayed: bool
     decision: Decision
+    result: Any = None
 
 
 @_model("SessionEnvelopeBody")
