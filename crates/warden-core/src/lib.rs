@@ -30,6 +30,7 @@ pub mod capability;
 pub mod catalogue;
 pub mod decision;
 pub mod envelope;
+pub mod gate;
 pub mod hierarchy;
 pub mod ids;
 pub mod json;

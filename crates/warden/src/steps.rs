@@ -1,10 +1,13 @@
 //! Steps of a run: the per-step gate, the ticket that carries the gate's
 //! decision to the completion, and exactly-once outcomes.
 //!
-//! A run is an admitted SOP. Each step passes through [`Engine::begin_step`]
-//! (the per-step gate: the agent must still be active and hold the
-//! capability, earlier steps must have completed, the run's envelope must
-//! allow it) and is completed once: its outcome is recorded exactly once. A
+//! A run is an admitted SOP: a plan-bound session whose plan is fully
+//! literal. Each step passes through [`Engine::begin_step`]: the run's own
+//! checks (earlier steps completed, the run not stopped), then the one gate
+//! every tool call passes (`warden_core::gate::assess`: the agent still
+//! active and holding the capability, the catalogue's schema and rules, the
+//! planned step, every argument vouched for by the plan, the run's
+//! envelope). It is completed once: its outcome is recorded exactly once. A
 //! step whose outcome is recorded is never executed again: a retry or a
 //! re-run after a crash gets the recorded result back.
 //!
@@ -43,7 +46,7 @@ use warden_core::time::Timestamp;
 use warden_store::{RecordStep, RunRecord, RunState, RunStep, StepOutcome, StepStatus, Store};
 
 use crate::context::{ContextGate, Folded};
-use crate::engine::{Engine, capability_reason, engine_reasons as er, ops};
+use crate::engine::{Engine, engine_reasons as er, ops};
 use crate::error::{EngineError, Missing};
 use crate::memory::{ReadStatus, WriteRequest};
 use crate::tickets::{Gated, Ticket};
@@ -143,7 +146,7 @@ pub enum Completion {
 
 /// A memory step's effect, read from its arguments once.
 #[derive(Debug, Clone)]
-enum MemoryCall {
+pub(crate) enum MemoryCall {
     Read { namespace: Namespace, key: Key },
     Write(WriteRequest),
 }
@@ -151,7 +154,7 @@ enum MemoryCall {
 impl MemoryCall {
     /// The call a memory step's arguments describe (the preflight checked
     /// them against the built-in schema); an error names what is wrong.
-    fn parse(action: &str, args: &Map<String, Value>) -> Result<Self, String> {
+    pub(crate) fn parse(action: &str, args: &Map<String, Value>) -> Result<Self, String> {
         let text = |name: &str| args.get(name).and_then(Value::as_str).unwrap_or_default();
         let namespace = Namespace::parse(text("namespace")).map_err(|e| e.to_string())?;
         let key = Key::parse(text("key")).map_err(|e| e.to_string())?;
@@ -255,7 +258,7 @@ impl<S: Store> Engine<S> {
             ));
         };
         if let Some(refused) = self
-            .structural_refusal(actor, &state, position, &step, &resource, now)
+            .structural_refusal(actor, &state, position, &resource, now)
             .await?
         {
             return Ok(refused);
@@ -334,15 +337,14 @@ impl<S: Store> Engine<S> {
         })
     }
 
-    /// The refusal of a step by structure (the run stopped, an earlier step
-    /// open) or capability (revoked agent, lost capability), recorded; a
-    /// capability refusal records the step denied and stops the run.
+    /// The refusal of a step by the run's own state (the run stopped, an
+    /// earlier step open), recorded; nothing is recorded for the step (it
+    /// may begin later, or never). Everything else is the gate's.
     async fn structural_refusal(
         &self,
         actor: &AgentId,
         state: &RunState,
         position: usize,
-        step: &RunStep,
         resource: &str,
         now: Timestamp,
     ) -> Result<Option<StepGate>, EngineError> {
@@ -361,47 +363,17 @@ impl<S: Store> Engine<S> {
         } else if earlier_open {
             (er::STEP_OUT_OF_ORDER, StepRefusal::OutOfOrder)
         } else {
-            let r = capability_reason(
-                &self.read_state()?.hierarchy,
-                self.policy(),
-                actor,
-                step.action.as_str(),
-            );
-            if r == warden_core::decision::reasons::CAPABILITY_GRANTED {
-                return Ok(None);
-            }
-            (r, StepRefusal::Denied)
+            return Ok(None);
         };
         let d = self.decision(
             &Subject::Agent(actor.clone()),
             Verdict::Deny,
-            reason.clone(),
+            reason,
             ops::STEP_BEGIN,
             resource.to_owned(),
             now,
         );
-        if refusal == StepRefusal::Denied {
-            // A mid-run refusal (revocation, lost capability) stops the
-            // run: record the step as denied together with the decision.
-            let outcome = StepOutcome {
-                status: StepStatus::Denied,
-                result: None,
-                error: Some(reason.to_string()),
-                labels: Vec::new(),
-                recorded_at: now,
-            };
-            self.inner
-                .store
-                .record_step(
-                    state.run.run_id.clone(),
-                    step.step_id.clone(),
-                    outcome,
-                    vec![self.draft(&d)],
-                )
-                .await?;
-        } else {
-            self.record(&d).await?;
-        }
+        self.record(&d).await?;
         Ok(Some(StepGate::Refused {
             decision: d,
             refusal,
@@ -601,7 +573,7 @@ impl<S: Store> Engine<S> {
     /// Execute a memory step's effect for `actor`, recording `pre` (the
     /// gate's entry) with it. Denials come back as a `StepResult` with an
     /// error, not as `Err`.
-    async fn execute_memory_call(
+    pub(crate) async fn execute_memory_call(
         &self,
         actor: &AgentId,
         call: MemoryCall,

@@ -179,6 +179,11 @@ pub struct CallResponse {
     pub replayed: bool,
     /// The decision recorded for this request.
     pub decision: DecisionBody,
+    /// For a call the engine executed itself (`memory.read`,
+    /// `memory.write`): the resolved value, or the written record's owner
+    /// and revision. Absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
 }
 
 impl From<&CallAnswer> for CallResponse {
@@ -187,6 +192,7 @@ impl From<&CallAnswer> for CallResponse {
             call: (&a.call).into(),
             replayed: a.replayed,
             decision: (&a.decision).into(),
+            result: a.result.clone(),
         }
     }
 }

@@ -5,9 +5,11 @@ use serde_json::{Value, json};
 use warden_core::audit::AuditDraft;
 use warden_core::decision::{Decision, Verdict};
 use warden_core::envelope::{
-    ContextGate as CoreGate, ContextRequest, Envelope, EnvelopeError, WorkflowId, decide,
+    ContextGate as CoreGate, Envelope, EnvelopeError, EnvelopeId, WorkflowId,
 };
+use warden_core::gate::{GateCall, GateContext, PlanUse, Verdicts, assess};
 use warden_core::ids::{AgentId, Label, RunId};
+use warden_core::provenance::{FingerprintKey, SourceIndex};
 use warden_core::time::Timestamp;
 use warden_store::{
     EscalationTarget, PutEnvelope, RunRecord, RunStep, StepOutcome, StepStatus, Store,
@@ -71,15 +73,19 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// The context gate of one step, after the structural checks passed:
-    /// the step decided once against the run's envelope.
+    /// The gate of one step, after the run's own checks (order, a stopped
+    /// run) passed: the one gate every call passes
+    /// (`warden_core::gate::assess`), the step being the call of its
+    /// planned step in the run's fully literal plan (its SOP), decided once
+    /// against the run's envelope.
     ///
     /// `Open` carries the proceeding decision and the envelope it was
     /// decided against (kept in the step's ticket, so completion neither
     /// reloads nor re-decides it); its `draft` is the entry still to record
     /// (`None` when consuming an approval recorded it already). `Denied`
-    /// and `Escalated` are recorded. Without a context policy (or an
-    /// envelope on the run) the gate is open with no envelope.
+    /// (the step recorded denied: the run stops) and `Escalated` are
+    /// recorded. Without a context policy (or an envelope on the run) no
+    /// envelope is consulted.
     pub(crate) async fn gate_step(
         &self,
         actor: &AgentId,
@@ -89,47 +95,82 @@ impl<S: Store> Engine<S> {
     ) -> Result<ContextGate, EngineError> {
         let caller = Caller::Agent(actor.clone());
         let resource = format!("{}:{}", run.run_id, step.step_id);
-        let (Some(policy), Some(envelope_id)) = (self.context_policy(), &run.envelope_id) else {
-            let d = self.decision(
-                &caller,
-                Verdict::Allow,
-                warden_core::decision::reasons::STEP_ALLOWED,
-                ops::STEP_BEGIN,
-                resource,
-                now,
-            );
-            let draft = Some(self.draft(&d));
-            return Ok(ContextGate::Open {
-                decision: d,
-                draft,
-                gated: None,
-            });
+        let envelope = match (self.context_policy(), &run.envelope_id) {
+            (Some(policy), Some(id)) => Some(self.load_envelope(policy, id).await?),
+            _ => None,
         };
-        let envelope = self.load_envelope(policy, envelope_id).await?;
-        let cd = decide(
-            &envelope,
-            policy,
-            &ContextRequest::Action(self.action_ref(step.action.as_str())),
-        );
-        let details = context_details(&envelope, &cd);
-        match cd.verdict {
+        let arguments = Value::Object(crate::steps::step_arguments(run, &step.step_id));
+        let position = run
+            .steps
+            .iter()
+            .position(|s| s.step_id == step.step_id)
+            .unwrap_or_default();
+        let a = {
+            let st = self.read_state()?;
+            assess(
+                &GateContext {
+                    hierarchy: &st.hierarchy,
+                    policy: self.policy(),
+                },
+                &GateCall {
+                    actor,
+                    action: step.action.as_str(),
+                    arguments: &arguments,
+                    plan: PlanUse::Literal {
+                        index: position,
+                        step_id: &step.step_id,
+                    },
+                    index: literal_plan_index()?,
+                    envelope: envelope.as_ref(),
+                },
+                Verdicts::default(),
+            )
+        };
+        let mut details = json!({
+            "reasons": a.reasons.iter().map(|r| r.as_str()).collect::<Vec<_>>(),
+            "plan_step": step.step_id,
+            "provenance": a.provenance_json(),
+        });
+        if let (Some(e), Some(cd), Value::Object(d)) = (&envelope, &a.context, &mut details)
+            && let Value::Object(more) = context_details(e, cd)
+        {
+            d.extend(more);
+        }
+        match a.verdict {
             Verdict::Allow | Verdict::Constrain => {
-                let gate = CoreGate::from_decision(cd);
-                let (verdict, reason) = gate.begin();
-                let mut d = self.decision(&caller, verdict, reason, ops::STEP_BEGIN, resource, now);
-                d.obligations.clone_from(&gate.obligations);
-                let draft = Some(self.draft(&d).with_details(details));
+                let (decision, gated) = match (envelope, a.context) {
+                    (Some(envelope), Some(cd)) => {
+                        let gate = CoreGate::from_decision(cd);
+                        let (verdict, reason) = gate.begin();
+                        let mut d =
+                            self.decision(&caller, verdict, reason, ops::STEP_BEGIN, resource, now);
+                        d.obligations.clone_from(&gate.obligations);
+                        (d, Some(Box::new(Gated { envelope, gate })))
+                    }
+                    _ => (
+                        self.decision(
+                            &caller,
+                            Verdict::Allow,
+                            warden_core::decision::reasons::STEP_ALLOWED,
+                            ops::STEP_BEGIN,
+                            resource,
+                            now,
+                        ),
+                        None,
+                    ),
+                };
+                let draft = Some(self.draft(&decision).with_details(details));
                 Ok(ContextGate::Open {
-                    decision: d,
+                    decision,
                     draft,
-                    gated: Some(Box::new(Gated { envelope, gate })),
+                    gated,
                 })
             }
             Verdict::Deny => {
                 let d = self.decision(
                     &caller,
                     Verdict::Deny,
-                    cd.reason.clone(),
+                    a.reason.clone(),
                     ops::STEP_BEGIN,
                     resource,
                     now,
@@ -138,6 +179,13 @@ impl<S: Store> Engine<S> {
                 Ok(ContextGate::Denied(d))
             }
             Verdict::Escalate => {
+                // Every argument of a run's step is a plan literal, so only
+                // the envelope escalates a step.
+                let (Some(envelope), Some(cd)) = (envelope, a.context) else {
+                    return Err(EngineError::internal(
+                        "a run step escalated without a context decision",
+                    ));
+                };
                 let target = EscalationTarget::Step {
                     run_id: run.run_id.clone(),
                     step_id: step.step_id.clone(),
@@ -217,35 +265,45 @@ impl<S: Store> Engine<S> {
         Ok(())
     }
 
-    /// Fold a completed (or failed) step's labels into its run's envelope,
-    /// retrying on concurrent writers. Unknown labels change nothing.
+    /// Fold a completed (or failed) call's labels into the envelope
+    /// `envelope_id` (a run's, for a step; a session's, for a call),
+    /// retrying on concurrent writers: the one fold of runs and sessions.
+    /// Unknown labels change nothing ([`Folded::Unknown`]).
     ///
-    /// `gated` is what the step's gate decided (its ticket): the envelope
-    /// it decided against, tried first for the compare-and-set (no reload
-    /// unless something else wrote meanwhile), and its obligations. A step
-    /// completed without passing the gate is decided here, against the
-    /// envelope as it stands: that is how a bypass is detected.
-    pub(crate) async fn fold_step(
+    /// `gated` is what the call's gate decided (a step's ticket): the
+    /// envelope it decided against, tried first for the compare-and-set
+    /// (no reload unless something else wrote meanwhile), and its
+    /// obligations. Without it the gate is decided here, against the
+    /// envelope as it stands: for a run's step that is how a bypass is
+    /// detected; a session's call is gated by its record instead.
+    /// `extra` joins the transition's audit details.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn fold_labels(
         &self,
-        actor: &AgentId,
-        run: &RunRecord,
-        step: &RunStep,
+        caller: &Caller,
+        envelope_id: &EnvelopeId,
+        action: &str,
         reported: &[Label],
         gated: Option<&Gated>,
+        extra: Value,
         now: Timestamp,
-    ) -> Result<Option<Folded>, EngineError> {
-        let (Some(policy), Some(envelope_id)) = (self.context_policy(), &run.envelope_id) else {
-            return Ok(None);
+    ) -> Result<Folded, EngineError> {
+        let Some(policy) = self.context_policy() else {
+            return Err(EngineError::not_found(
+                Missing::RunEnvelope,
+                envelope_id.to_string(),
+            ));
         };
-        let caller = Caller::Agent(actor.clone());
-        let declared = self.output_labels(step.action.as_str());
-        let action = self.action_ref(step.action.as_str());
+        let declared = self.output_labels(action);
         // What the gate decided: from the ticket, or decided now.
         let (gate, mut known) = match gated {
             Some(g) => (g.gate.clone(), Some(g.envelope.clone())),
             None => {
                 let before = self.load_envelope(policy, envelope_id).await?;
-                (CoreGate::decide(&before, policy, action), Some(before))
+                (
+                    CoreGate::decide(&before, policy, self.action_ref(action)),
+                    Some(before),
+                )
             }
         };
         for _ in 0..MAX_ENVELOPE_ATTEMPTS {
@@ -256,17 +314,12 @@ impl<S: Store> Engine<S> {
             let (after, t) = match before.fold(policy, reported, declared) {
                 Ok(x) => x,
                 Err(EnvelopeError::UnknownLabels { labels }) => {
-                    return Ok(Some(Folded::Unknown(labels)));
+                    return Ok(Folded::Unknown(labels));
                 }
                 Err(e) => return Err(e.into()),
             };
-            let draft = self.transition_draft(
-                &caller,
-                ops::CONTEXT_ACCUMULATE,
-                &t,
-                json!({"run_id": run.run_id, "step_id": step.step_id}),
-                now,
-            );
+            let draft =
+                self.transition_draft(caller, ops::CONTEXT_ACCUMULATE, &t, extra.clone(), now);
             let written = self
                 .inner
                 .store
@@ -280,18 +333,46 @@ impl<S: Store> Engine<S> {
                 )
                 .await?;
             if written == PutEnvelope::Written {
-                return Ok(Some(Folded::Done {
+                return Ok(Folded::Done {
                     after,
                     transition: Box::new(t),
                     labels: gate.outcome_labels(reported, declared),
                     bypassed: gate.bypassed(),
-                }));
+                });
             }
         }
         Err(EngineError::Conflict {
             kind: ConflictKind::EnvelopeContention,
             id: envelope_id.to_string(),
         })
+    }
+
+    /// Fold a completed (or failed) step's labels into its run's envelope
+    /// ([`Engine::fold_labels`]); `None` without a context policy or an
+    /// envelope on the run.
+    pub(crate) async fn fold_step(
+        &self,
+        actor: &AgentId,
+        run: &RunRecord,
+        step: &RunStep,
+        reported: &[Label],
+        gated: Option<&Gated>,
+        now: Timestamp,
+    ) -> Result<Option<Folded>, EngineError> {
+        let (Some(_), Some(envelope_id)) = (self.context_policy(), &run.envelope_id) else {
+            return Ok(None);
+        };
+        self.fold_labels(
+            &Caller::Agent(actor.clone()),
+            envelope_id,
+            step.action.as_str(),
+            reported,
+            gated,
+            json!({"run_id": run.run_id, "step_id": step.step_id}),
+            now,
+        )
+        .await
+        .map(Some)
     }
 }
 
@@ -315,4 +396,16 @@ pub(crate) enum ContextGate {
         /// The escalation to review.
         escalation_id: String,
     },
+}
+
+/// The source index of a run: empty, since every argument of a fully
+/// literal plan is vouched for by the plan itself.
+fn literal_plan_index() -> Result<&'static SourceIndex, EngineError> {
+    static EMPTY: std::sync::LazyLock<Result<SourceIndex, String>> =
+        std::sync::LazyLock::new(|| {
+            FingerprintKey::new(b"warden.run.literal-plan.v1")
+                .map(SourceIndex::new)
+                .map_err(|e| e.to_string())
+        });
+    EMPTY.as_ref().map_err(EngineError::internal)
 }

@@ -1,43 +1,31 @@
 //! Deciding one call of a session.
 //!
-//! In order, every check contributing its verdict (deny wins over
-//! escalate, escalate over constrain, constrain over allow):
-//!
-//! 1. the session is open and holds fewer than [`super::MAX_CALLS`] calls;
-//! 2. the agent holds the capability (`unknown_action`, `agent_revoked`,
-//!    `capability_not_inherited`);
-//! 3. the catalogue's argument schema and rules;
-//! 4. with a plan, the planned step the call uses: the first in plan order
-//!    whose action and literal arguments it matches and, for an effect (a
-//!    state change or an outbound read), that no allowed call used yet; a
-//!    planned read may be used again, and a binding to it refers to the
-//!    latest call that used it (`unplanned_call`,
-//!    escalated or denied as the bundle's `sessions.unplanned` says), and
-//!    the bindings of its bound arguments (`binding_not_satisfied:<path>`);
-//!    literal arguments of the plan are vouched for by the plan;
-//! 5. the provenance of every argument value the action's rules guard
-//!    (`argument_not_vouched:<path>`, `argument_confusable:<path>`);
-//! 6. the session's context envelope (restrictions, the backstop, the
-//!    sensitivity floor).
+//! The session's own state is checked first (a cancelled session, one
+//! holding [`super::MAX_CALLS`] calls); then the one gate every call and
+//! every run step passes, `warden_core::gate::assess`: capability, the
+//! catalogue's schema and rules, the planned step it uses and its
+//! bindings, the provenance of every guarded argument value against the
+//! session's index, the session's context envelope. The answer is recorded
+//! with the call in one compare-and-set of the session.
 //!
 //! An escalated call is held for review (an escalation whose target is the
 //! call); the same call again after approval proceeds once.
 
 use serde_json::{Value, json};
-use warden_core::decision::{Obligation, Reason, Verdict, reasons};
-use warden_core::envelope::{ContextRequest, Envelope, Sensitivity, decide};
-use warden_core::ids::{ActionName, AgentId, CallId, SessionId, StepId};
-use warden_core::plan::{PlanMatch, match_call};
-use warden_core::provenance::{Origin, Otherwise, SourceId, SourceIndex, ValueProvenance};
+use warden_core::envelope::{ContextDecision, Envelope, Sensitivity};
+use warden_core::gate::{Assessment, GateCall, GateContext, PlanUse, Verdicts, assess};
+use warden_core::ids::{ActionName, AgentId, CallId, SessionId};
+use warden_core::provenance::SourceIndex;
 use warden_core::time::Timestamp;
 use warden_store::{
     CallRecord, CallStatus, EscalationRecord, EscalationStatus, EscalationTarget, PutEscalation,
     SessionHead, SessionStatus, SessionUpdate, Store,
 };
 
+use super::memory::executed_by_engine;
 use super::session_reasons as sr;
 use super::{CallAnswer, MAX_ARGUMENT_BYTES, MAX_CALLS, MAX_SESSION_ATTEMPTS, digest_of};
-use warden_core::preflight::{PreflightContext, check_call};
+use warden_core::decision::Verdict;
 
 use crate::engine::{Caller, Engine, engine_reasons as er, ops, random_id};
 use crate::error::{ConflictKind, EngineError};
@@ -53,89 +41,17 @@ pub struct ProposedCall {
     pub arguments: Value,
 }
 
-/// What one decision found, before it is recorded.
-struct Assessment {
-    verdict: Verdict,
-    reason: Reason,
-    reasons: Vec<Reason>,
-    obligations: Vec<Obligation>,
-    plan_step: Option<(usize, StepId)>,
-    provenance: Vec<Value>,
-    context: Option<Value>,
-    sensitivity: Sensitivity,
-    envelope: Option<(warden_core::envelope::EnvelopeId, u64)>,
-}
-
-/// Verdicts by strength.
-fn rank(v: Verdict) -> u8 {
-    match v {
-        Verdict::Allow => 0,
-        Verdict::Constrain => 1,
-        Verdict::Escalate => 2,
-        Verdict::Deny => 3,
+/// The answer form of what the envelope decided about a call.
+fn context_json(envelope: Option<&Envelope>, cd: Option<&ContextDecision>) -> Value {
+    match (envelope, cd) {
+        (Some(e), Some(cd)) => json!({
+            "envelope_id": e.envelope_id(),
+            "envelope_version": e.version(),
+            "classification": cd.projected_sensitivity,
+            "context_reason": cd.reason,
+        }),
+        _ => Value::Null,
     }
-}
-
-/// Collects verdicts and reasons in check order.
-#[derive(Default)]
-struct Verdicts {
-    found: Vec<(Verdict, Reason)>,
-}
-
-impl Verdicts {
-    fn add(&mut self, verdict: Verdict, reason: Reason) {
-        if verdict != Verdict::Allow && !self.found.iter().any(|(_, r)| *r == reason) {
-            self.found.push((verdict, reason));
-        }
-    }
-
-    fn winner(&self) -> (Verdict, Reason) {
-        let verdict = self
-            .found
-            .iter()
-            .map(|(v, _)| *v)
-            .max_by_key(|v| rank(*v))
-            .unwrap_or(Verdict::Allow);
-        let reason = self
-            .found
-            .iter()
-            .find(|(v, _)| *v == verdict)
-            .map(|(_, r)| r.clone())
-            .unwrap_or(sr::CALL_ALLOWED);
-        (verdict, reason)
-    }
-
-    fn reasons(&self) -> Vec<Reason> {
-        self.found.iter().map(|(_, r)| r.clone()).collect()
-    }
-}
-
-fn otherwise_verdict(o: Otherwise) -> Verdict {
-    match o {
-        Otherwise::Escalate => Verdict::Escalate,
-        Otherwise::Deny => Verdict::Deny,
-    }
-}
-
-/// The answer form of one value's provenance.
-fn provenance_json(argument: &str, from: &[Origin], p: &ValueProvenance, exempt: bool) -> Value {
-    let vouched = exempt || p.origins.iter().any(|o| from.contains(o));
-    json!({
-        "path": p.path,
-        "rule": argument,
-        "from": from,
-        "origins": if exempt { vec![Origin::Plan] } else { p.origins.clone() },
-        "sources": p.hits.iter().map(|h| json!({
-            "origin": h.origin, "source": h.source.to_string(), "field": h.field, "owner": h.owner,
-        })).collect::<Vec<_>>(),
-        "vouched": vouched,
-        "short": p.short,
-        "invisible": p.invisible,
-        "unsearchable_content": p.unsearchable_content,
-        "confusable_with": p.confusable_with.as_ref().map(|h| json!({
-            "origin": h.origin, "source": h.source.to_string(), "field": h.field,
-        })),
-    })
 }
 
 impl<S: Store> Engine<S> {
@@ -184,6 +100,25 @@ impl<S: Store> Engine<S> {
                         id: call_id.to_string(),
                     });
                 }
+                if existing.status == CallStatus::Allowed
+                    && executed_by_engine(existing.action.as_str())
+                {
+                    // Allowed, and stopped before its result was recorded:
+                    // perform it now (the repeat is recorded first).
+                    let replay = self
+                        .replay_call(caller, existing.clone(), resource.clone(), now)
+                        .await?;
+                    return self
+                        .execute_session_memory(
+                            caller,
+                            actor,
+                            session_id,
+                            existing.clone(),
+                            replay.decision,
+                            &call.arguments,
+                        )
+                        .await;
+                }
                 if existing.status != CallStatus::Escalated {
                     return self
                         .replay_call(caller, existing.clone(), resource, now)
@@ -223,7 +158,10 @@ impl<S: Store> Engine<S> {
                     };
                     a.reason = er::ESCALATION_APPROVED;
                 } else {
-                    escalation_id = Some(self.hold_call(caller, target, &resource, &a, now).await?);
+                    escalation_id = Some(
+                        self.hold_call(caller, target, &resource, &a, envelope.as_ref(), now)
+                            .await?,
+                    );
                 }
             }
             let status = match a.verdict {
@@ -243,8 +181,8 @@ impl<S: Store> Engine<S> {
             let detail = json!({
                 "reasons": Self::reason_list(&a.reasons),
                 "obligations": a.obligations,
-                "provenance": a.provenance,
-                "context": a.context,
+                "provenance": a.provenance_json(),
+                "context": context_json(envelope.as_ref(), a.context.as_ref()),
                 "plan_step": a.plan_step.as_ref().map(|(_, s)| s),
             });
             let record = CallRecord {
@@ -296,10 +234,23 @@ impl<S: Store> Engine<S> {
                     state.session.revision + 1,
                     index,
                 );
+                if status == CallStatus::Allowed && executed_by_engine(&call.action) {
+                    return self
+                        .execute_session_memory(
+                            caller,
+                            actor,
+                            session_id,
+                            record,
+                            decision,
+                            &call.arguments,
+                        )
+                        .await;
+                }
                 return Ok(CallAnswer {
                     decision,
                     call: record,
                     replayed: false,
+                    result: None,
                 });
             }
         }
@@ -336,6 +287,7 @@ impl<S: Store> Engine<S> {
             decision: d,
             call,
             replayed: true,
+            result: None,
         })
     }
 
@@ -347,6 +299,7 @@ impl<S: Store> Engine<S> {
         target: EscalationTarget,
         resource: &str,
         a: &Assessment,
+        envelope: Option<&Envelope>,
         now: Timestamp,
     ) -> Result<String, EngineError> {
         let id = random_id("esc")?;
@@ -357,9 +310,12 @@ impl<S: Store> Engine<S> {
             operation: ops::SESSION_CALL.to_owned(),
             resource: resource.to_owned(),
             reason: a.reason.clone(),
-            envelope_id: a.envelope.as_ref().map(|(i, _)| i.clone()),
-            envelope_version: a.envelope.as_ref().map(|(_, v)| *v),
-            classification: a.sensitivity,
+            envelope_id: envelope.map(|e| e.envelope_id().clone()),
+            envelope_version: envelope.map(Envelope::version),
+            classification: a
+                .context
+                .as_ref()
+                .map_or(Sensitivity::Public, |cd| cd.projected_sensitivity),
             obligations: a.obligations.clone(),
             status: EscalationStatus::Pending,
             created_at: now,
@@ -379,7 +335,8 @@ impl<S: Store> Engine<S> {
         })
     }
 
-    /// Every check of one call, in order (see the module docs).
+    /// Every check of one call, in order (see the module docs): the
+    /// session's own state, then the one gate of `warden_core::gate`.
     fn assess(
         &self,
         actor: &AgentId,
@@ -388,159 +345,44 @@ impl<S: Store> Engine<S> {
         envelope: Option<&Envelope>,
         call: &ProposedCall,
     ) -> Result<Assessment, EngineError> {
-        let mut v = Verdicts::default();
+        let mut prior = Verdicts::default();
         if state.session.status == SessionStatus::Cancelled {
-            v.add(Verdict::Deny, sr::SESSION_CANCELLED);
+            prior.add(Verdict::Deny, sr::SESSION_CANCELLED);
         }
         if state.calls >= MAX_CALLS as u64 {
-            v.add(Verdict::Deny, sr::SESSION_CALL_LIMIT);
+            prior.add(Verdict::Deny, sr::SESSION_CALL_LIMIT);
         }
         let policy = self.policy();
-        // The static checks a step of an SOP gets (capability, schema,
-        // argument rules, memory arguments), on the concrete call.
-        match ActionName::parse(&call.action) {
-            Err(_) => v.add(Verdict::Deny, reasons::UNKNOWN_ACTION),
-            Ok(action) => {
-                let st = self.read_state()?;
-                let ctx = PreflightContext {
-                    hierarchy: &st.hierarchy,
-                    catalogue: &policy.catalogue,
-                    policy_version: &policy.version,
-                };
-                for r in check_call(&ctx, actor, &action, &call.arguments) {
-                    v.add(Verdict::Deny, r);
-                }
-            }
-        }
-        let compiled = policy.catalogue.by_name(&call.action);
-        // The plan.
-        let mut plan_step = None;
-        let mut exempt: Vec<String> = Vec::new();
-        if let Some(stored) = &state.session.plan {
-            let plan = warden_core::plan::parse_plan(&stored.plan, &policy.sop_limits)
-                .map_err(|e| EngineError::internal(format!("stored plan unreadable: {e}")))?;
-            // A planned effect (a state change or an outbound read) is used
-            // once; a planned read stays available, so a read the model
-            // repeats (or one an injection adds) never takes the user's.
-            let used: Vec<bool> = stored
-                .used_by
-                .iter()
-                .zip(plan.steps())
-                .map(|(u, step)| {
-                    u.is_some()
-                        && policy
-                            .catalogue
-                            .by_name(step.action.as_str())
-                            .is_none_or(|a| a.is_effect())
-                })
-                .collect();
-            let action = ActionName::parse(&call.action).ok();
-            let matched = match &action {
-                Some(action) => match_call(&plan, &used, action, &call.arguments),
-                None => PlanMatch::Unplanned { closest: None },
-            };
-            match matched {
-                PlanMatch::Unplanned { .. } => {
-                    v.add(
-                        otherwise_verdict(policy.sessions().unplanned),
-                        sr::UNPLANNED_CALL,
-                    );
-                }
-                PlanMatch::Step {
-                    index: i,
-                    step_id,
-                    literal_paths,
-                    bound,
-                } => {
-                    exempt = literal_paths;
-                    for b in &bound {
-                        let mode = b.binding.matching.unwrap_or_default();
-                        let mut ok = true;
-                        if let Some(step) = &b.binding.step {
-                            let source = plan
-                                .steps()
-                                .iter()
-                                .position(|s| &s.step_id == step)
-                                .and_then(|p| stored.used_by.get(p).cloned().flatten());
-                            ok = source.is_some_and(|c| {
-                                SourceId::parse(c.as_str())
-                                    .is_ok_and(|sid| index.occurs_in(&sid, &b.value, mode))
-                            });
-                        }
-                        if ok && let Some(from) = &b.binding.from {
-                            let p = index.provenance(b.path.clone(), &b.value, mode);
-                            ok = p.origins.iter().any(|o| from.contains(o));
-                        }
-                        if !ok {
-                            v.add(
-                                otherwise_verdict(
-                                    b.binding.otherwise.unwrap_or(Otherwise::Escalate),
-                                ),
-                                Reason::with_param(sr::BINDING_NOT_SATISFIED, &b.path),
-                            );
-                        }
-                    }
-                    plan_step = Some((i, step_id));
-                }
-            }
-        }
-        // Provenance of every guarded value.
-        let mut provenance = Vec::new();
-        if let Some(action) = compiled {
-            let rules = action.provenance();
-            let pd = rules.decide_except(&call.arguments, index, &exempt);
-            for arg in &pd.arguments {
-                for p in &arg.values {
-                    let is_exempt = exempt.iter().any(|e| {
-                        p.path == *e
-                            || p.path
-                                .strip_prefix(e.as_str())
-                                .is_some_and(|rest| rest.starts_with('[') || rest.starts_with('.'))
-                    });
-                    provenance.push(provenance_json(&arg.argument, &arg.from, p, is_exempt));
-                }
-            }
-            v.add(pd.verdict, pd.reason.clone());
-            for r in pd.reasons {
-                v.add(pd.verdict, r);
-            }
-        }
-        // The envelope.
-        let mut obligations = Vec::new();
-        let mut context = None;
-        let mut sensitivity = Sensitivity::Public;
-        let mut env_ref = None;
-        if let (Some(envelope), Some(cp)) = (envelope, self.context_policy()) {
-            let cd = decide(
+        let plan = match &state.session.plan {
+            Some(stored) => Some(
+                warden_core::plan::parse_plan(&stored.plan, &policy.sop_limits)
+                    .map_err(|e| EngineError::internal(format!("stored plan unreadable: {e}")))?,
+            ),
+            None => None,
+        };
+        let plan_use = match (&plan, &state.session.plan) {
+            (Some(plan), Some(stored)) => PlanUse::Match {
+                plan,
+                used_by: &stored.used_by,
+            },
+            _ => PlanUse::None,
+        };
+        let st = self.read_state()?;
+        let ctx = GateContext {
+            hierarchy: &st.hierarchy,
+            policy,
+        };
+        Ok(assess(
+            &ctx,
+            &GateCall {
+                actor,
+                action: &call.action,
+                arguments: &call.arguments,
+                plan: plan_use,
+                index,
                 envelope,
-                cp,
-                &ContextRequest::Action(self.action_ref(&call.action)),
-            );
-            v.add(cd.verdict, cd.reason.clone());
-            obligations = cd.obligations.to_vec();
-            sensitivity = cd.projected_sensitivity;
-            env_ref = Some((envelope.envelope_id().clone(), envelope.version()));
-            context = Some(json!({
-                "envelope_id": envelope.envelope_id(),
-                "envelope_version": envelope.version(),
-                "classification": cd.projected_sensitivity,
-                "context_reason": cd.reason,
-            }));
-        }
-        let (mut verdict, reason) = v.winner();
-        if verdict == Verdict::Allow && !obligations.is_empty() {
-            verdict = Verdict::Constrain;
-        }
-        Ok(Assessment {
-            verdict,
-            reason,
-            reasons: v.reasons(),
-            obligations,
-            plan_step,
-            provenance,
-            context,
-            sensitivity,
-            envelope: env_ref,
-        })
+            },
+            prior,
+        ))
     }
 }

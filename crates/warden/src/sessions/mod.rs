@@ -23,6 +23,7 @@
 //! is never forgotten and taint never laundered.
 
 mod gate;
+mod memory;
 mod open;
 mod result;
 
@@ -89,10 +90,10 @@ pub mod session_reasons {
     /// The session holds its most calls.
     pub const SESSION_CALL_LIMIT: Reason = Reason::code("session_call_limit");
     /// A call matched no planned step.
-    pub const UNPLANNED_CALL: Reason = Reason::code("unplanned_call");
+    pub const UNPLANNED_CALL: Reason = warden_core::gate::UNPLANNED_CALL;
     /// A bound value does not occur in the result of the step it is bound
     /// to.
-    pub const BINDING_NOT_SATISFIED: &str = "binding_not_satisfied";
+    pub const BINDING_NOT_SATISFIED: &str = warden_core::gate::BINDING_NOT_SATISFIED;
     /// The plan was refused at admission.
     pub const PLAN_REJECTED: Reason = Reason::code("plan_rejected");
     /// An imported envelope was seen before (same version).
@@ -103,7 +104,7 @@ pub mod session_reasons {
     /// Imported envelopes cannot be used: the policy has no `context:`.
     pub const ENVELOPE_WITHOUT_CONTEXT: Reason = Reason::code("envelope_without_context");
     /// A call was allowed.
-    pub const CALL_ALLOWED: Reason = Reason::code("call_allowed");
+    pub const CALL_ALLOWED: Reason = warden_core::gate::CALL_ALLOWED;
 }
 
 /// A session as the caller may see it.
@@ -139,6 +140,12 @@ pub struct CallAnswer {
     pub call: CallRecord,
     /// Whether the answer came from the call's record.
     pub replayed: bool,
+    /// What the engine returned for a call it executed itself (a memory
+    /// read or write, which the engine owns): the resolved value, or the
+    /// written record's owner and revision. `None` for every other call
+    /// (the runtime runs those and reports their results) and for a
+    /// replay (only fingerprints of results are kept).
+    pub result: Option<Value>,
 }
 
 /// Hash of the canonical JSON of `value`.

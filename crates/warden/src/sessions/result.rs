@@ -3,18 +3,17 @@
 use serde_json::{Value, json};
 use std::sync::Arc;
 use warden_core::decision::{Subject, Verdict};
-use warden_core::envelope::{ContextGate as CoreGate, EnvelopeError};
 use warden_core::ids::{CallId, Label, SessionId};
 
 use warden_core::provenance::{OutputTrust, SourceId, SourceIndex};
 use warden_store::{
-    CallStatus, EscalationResolution, EscalationStatus, EscalationTarget, PutEnvelope,
-    ResolveEscalation, SessionClosure, SessionStatus, SessionUpdate, Store,
+    CallStatus, EscalationResolution, EscalationStatus, EscalationTarget, ResolveEscalation,
+    SessionClosure, SessionStatus, SessionUpdate, Store,
 };
 
 use super::session_reasons as sr;
 use super::{CallAnswer, MAX_RESULT_BYTES, MAX_SESSION_ATTEMPTS, SessionView, digest_of};
-use crate::context::check_text;
+use crate::context::{Folded, check_text};
 use crate::engine::{Caller, Engine, ops};
 use crate::error::{ConflictKind, EngineError, Missing};
 
@@ -91,11 +90,20 @@ impl<S: Store> Engine<S> {
                         decision: d,
                         call,
                         replayed: true,
+                        result: None,
                     });
                 }
                 CallStatus::Denied | CallStatus::Escalated => {
                     return Err(EngineError::Conflict {
                         kind: ConflictKind::CallNotAllowed,
+                        id: call_id.to_string(),
+                    });
+                }
+                CallStatus::Allowed if super::memory::executed_by_engine(call.action.as_str()) => {
+                    // The engine performs memory calls and records their
+                    // results itself; nobody else reports one.
+                    return Err(EngineError::Conflict {
+                        kind: ConflictKind::CallResult,
                         id: call_id.to_string(),
                     });
                 }
@@ -177,6 +185,7 @@ impl<S: Store> Engine<S> {
                     decision: d,
                     call: done,
                     replayed: false,
+                    result: None,
                 });
             }
         }
@@ -187,9 +196,10 @@ impl<S: Store> Engine<S> {
     }
 
     /// Fold a result's labels (reported, declared by the action, and the
-    /// labels the gate's obligations demand) into the session's envelope;
-    /// the labels the outcome carries.
-    async fn fold_call_labels(
+    /// labels the gate's obligations demand) into the session's envelope
+    /// through the one fold of runs and sessions; the labels the outcome
+    /// carries. An unknown label is an input error and changes nothing.
+    pub(super) async fn fold_call_labels(
         &self,
         caller: &Caller,
         session: &warden_store::SessionRecord,
@@ -197,51 +207,28 @@ impl<S: Store> Engine<S> {
         reported: &[Label],
         now: warden_core::time::Timestamp,
     ) -> Result<Vec<Label>, EngineError> {
-        let (Some(policy), Some(envelope_id)) = (self.context_policy(), &session.envelope_id)
-        else {
+        let (Some(_), Some(envelope_id)) = (self.context_policy(), &session.envelope_id) else {
             return Ok(reported.to_vec());
         };
-        let declared = self.output_labels(call.action.as_str());
-        for _ in 0..MAX_SESSION_ATTEMPTS {
-            let before = self.load_envelope(policy, envelope_id).await?;
-            let gate = CoreGate::decide(&before, policy, self.action_ref(call.action.as_str()));
-            let (after, t) = match before.fold(policy, reported, declared) {
-                Ok(x) => x,
-                Err(EnvelopeError::UnknownLabels { labels }) => {
-                    return Err(EngineError::input(
-                        "labels",
-                        format!("unknown label(s): {labels:?}"),
-                    ));
-                }
-                Err(e) => return Err(e.into()),
-            };
-            let draft = self.transition_draft(
+        let extra = json!({"session_id": session.session_id, "call_id": call.call_id});
+        match self
+            .fold_labels(
                 caller,
-                ops::CONTEXT_ACCUMULATE,
-                &t,
-                json!({"session_id": session.session_id, "call_id": call.call_id}),
+                envelope_id,
+                call.action.as_str(),
+                reported,
+                None,
+                extra,
                 now,
-            );
-            let written = self
-                .inner
-                .store
-                .put_envelope(
-                    after.to_record(),
-                    Some(before.version()),
-                    Box::new(move |o| match o {
-                        PutEnvelope::Written => vec![draft],
-                        PutEnvelope::Conflict { .. } => Vec::new(),
-                    }),
-                )
-                .await?;
-            if written == PutEnvelope::Written {
-                return Ok(gate.outcome_labels(reported, declared));
-            }
+            )
+            .await?
+        {
+            Folded::Unknown(labels) => Err(EngineError::input(
+                "labels",
+                format!("unknown label(s): {labels:?}"),
+            )),
+            Folded::Done { labels, .. } => Ok(labels),
         }
-        Err(EngineError::Conflict {
-            kind: ConflictKind::EnvelopeContention,
-            id: envelope_id.to_string(),
-        })
     }
 
     /// Cancel a session: later calls are refused, pending escalations of

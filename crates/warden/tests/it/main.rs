@@ -14,6 +14,8 @@ mod lockdown;
 mod nodes;
 mod properties;
 mod quotas;
+mod runs_as_plans;
+mod session_memory;
 mod session_properties;
 mod sessions;
 mod support;
