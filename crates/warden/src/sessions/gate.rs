@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use warden_core::envelope::{ContextDecision, Envelope, Sensitivity};
 use warden_core::gate::{Assessment, GateCall, GateContext, PlanUse, Verdicts, assess};
 use warden_core::ids::{ActionName, AgentId, CallId, SessionId};
+use warden_core::plan::Plan;
 use warden_core::provenance::SourceIndex;
 use warden_core::time::Timestamp;
 use warden_store::{
@@ -126,11 +127,19 @@ impl<S: Store> Engine<S> {
                 }
             }
             let index = self.index_of_head(&state, cached)?;
+            let plan = self.plan_of(&state.session)?;
             let envelope = match (&state.session.envelope_id, self.context_policy()) {
                 (Some(id), Some(policy)) => Some(self.load_envelope(policy, id).await?),
                 _ => None,
             };
-            let mut a = self.assess(actor, &state, &index, envelope.as_ref(), &call)?;
+            let mut a = self.assess(
+                actor,
+                &state,
+                &index,
+                plan.as_deref(),
+                envelope.as_ref(),
+                &call,
+            )?;
             let target = EscalationTarget::Call {
                 session_id: session_id.clone(),
                 call_id: call_id.clone(),
@@ -336,12 +345,14 @@ impl<S: Store> Engine<S> {
     }
 
     /// Every check of one call, in order (see the module docs): the
-    /// session's own state, then the one gate of `warden_core::gate`.
+    /// session's own state, then the one gate of `warden_core::gate`
+    /// (`plan`: the session's stored plan, parsed).
     fn assess(
         &self,
         actor: &AgentId,
         state: &SessionHead,
         index: &SourceIndex,
+        plan: Option<&Plan>,
         envelope: Option<&Envelope>,
         call: &ProposedCall,
     ) -> Result<Assessment, EngineError> {
@@ -353,14 +364,7 @@ impl<S: Store> Engine<S> {
             prior.add(Verdict::Deny, sr::SESSION_CALL_LIMIT);
         }
         let policy = self.policy();
-        let plan = match &state.session.plan {
-            Some(stored) => Some(
-                warden_core::plan::parse_plan(&stored.plan, &policy.sop_limits)
-                    .map_err(|e| EngineError::internal(format!("stored plan unreadable: {e}")))?,
-            ),
-            None => None,
-        };
-        let plan_use = match (&plan, &state.session.plan) {
+        let plan_use = match (plan, &state.session.plan) {
             (Some(plan), Some(stored)) => PlanUse::Match {
                 plan,
                 used_by: &stored.used_by,

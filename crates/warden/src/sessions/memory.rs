@@ -85,7 +85,7 @@ impl<S: Store> Engine<S> {
                 .fold_call_labels(caller, &state.session, &stored, &[], now)
                 .await?;
             let mut index = warden_core::provenance::SourceIndex::clone(
-                &*self.restore_index_of(&state.session, &state.sources)?,
+                &*self.restore_index_of(&state.session, state.sources.as_deref())?,
             );
             let resolved = outcome
                 .result

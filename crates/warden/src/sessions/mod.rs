@@ -37,6 +37,7 @@ use warden_core::canonical::to_canonical;
 use warden_core::decision::{Decision, Reason};
 use warden_core::envelope::EnvelopeRecord;
 use warden_core::ids::{CallId, SessionId};
+use warden_core::plan::Plan;
 use warden_core::provenance::{FingerprintKey, IndexLimits, SourceIndex};
 use warden_store::{
     CallRecord, SessionHead, SessionRecord, SessionState, SessionUpdate, Store, UpdateSession,
@@ -246,6 +247,30 @@ impl<S: Store> Engine<S> {
         Ok(index)
     }
 
+    /// A session's stored plan, parsed: from this process's cache when it
+    /// holds the session's plan with the same hash (a session's plan never
+    /// changes; only which call used each step does, and that is read from
+    /// the row every time), parsed from the stored JSON otherwise.
+    pub(crate) fn plan_of(
+        &self,
+        session: &SessionRecord,
+    ) -> Result<Option<Arc<Plan>>, EngineError> {
+        let Some(stored) = &session.plan else {
+            return Ok(None);
+        };
+        let id = &session.session_id;
+        if let Some(hit) = self.inner.session_indexes.plan(id, &stored.hash) {
+            return Ok(Some(hit));
+        }
+        let plan = warden_core::plan::parse_plan(&stored.plan, &self.policy().sop_limits)
+            .map_err(|e| EngineError::internal(format!("stored plan unreadable: {e}")))?;
+        let plan = Arc::new(plan);
+        self.inner
+            .session_indexes
+            .put_plan(id.clone(), stored.hash, Arc::clone(&plan));
+        Ok(Some(plan))
+    }
+
     /// The head of a session for deciding a call (its agent only), read
     /// without the index bytes when this process's cache holds the
     /// session's latest index and the stored revision is that one: the
@@ -450,13 +475,15 @@ impl<S: Store> Engine<S> {
     }
 }
 
-/// Decoded session indexes by session and revision, in this process: a
-/// call reuses the index its session's last change left instead of
-/// decoding the stored bytes again. Bounded; evicts an arbitrary entry
-/// when full (a miss only costs a decode).
+/// Decoded session indexes by session and revision, and parsed plans by
+/// session and plan hash, in this process: a call reuses the index its
+/// session's last change left instead of decoding the stored bytes again,
+/// and the plan parsed for an earlier call. Bounded; evicts an arbitrary
+/// entry when full (a miss only costs a decode or a parse).
 #[derive(Debug, Default)]
 pub(crate) struct IndexCache {
     entries: Mutex<HashMap<SessionId, (u64, Arc<SourceIndex>)>>,
+    plans: Mutex<HashMap<SessionId, (Digest, Arc<Plan>)>>,
 }
 
 /// Most sessions whose index one process keeps decoded.
@@ -475,6 +502,28 @@ impl IndexCache {
             Some((r, index)) if *r == revision => Some(Arc::clone(index)),
             _ => None,
         }
+    }
+
+    /// The plan cached for `id`, if it has `hash`.
+    fn plan(&self, id: &SessionId, hash: &Digest) -> Option<Arc<Plan>> {
+        let plans = self.plans.lock().ok()?;
+        match plans.get(id) {
+            Some((h, plan)) if h == hash => Some(Arc::clone(plan)),
+            _ => None,
+        }
+    }
+
+    fn put_plan(&self, id: SessionId, hash: Digest, plan: Arc<Plan>) {
+        let Ok(mut plans) = self.plans.lock() else {
+            return;
+        };
+        if plans.len() >= INDEX_CACHE_SESSIONS
+            && !plans.contains_key(&id)
+            && let Some(victim) = plans.keys().next().cloned()
+        {
+            plans.remove(&victim);
+        }
+        plans.insert(id, (hash, plan));
     }
 
     pub(crate) fn put(&self, id: SessionId, revision: u64, index: Arc<SourceIndex>) {
@@ -722,5 +771,77 @@ agents:
             seqs,
             [("c0", 0), ("c1", 1), ("c2", 2), ("c3", 3), ("c4", 4)].map(|(c, n)| (c.to_owned(), n))
         );
+    }
+
+    /// A session's plan is parsed once per plan hash and session: the same
+    /// plan again is the cached parse, another session's or another hash's
+    /// is parsed anew, and a plan that does not parse is an error (and
+    /// caches nothing).
+    #[tokio::test]
+    async fn a_stored_plan_is_parsed_once_per_session_and_hash() {
+        use warden_core::audit::Digest;
+        use warden_core::decision::Subject;
+        use warden_store::{SessionRecord, SessionStatus, StoredPlan};
+
+        let engine = engine_on(Counted::default()).await;
+        let plan = |steps: &[&str]| {
+            json!({"sop_id": "p", "version": 1, "steps": steps.iter().map(|s| json!({
+                "step_id": s, "action": "read_file", "arguments": {"file_path": "x"}
+            })).collect::<Vec<_>>()})
+        };
+        let session = |id: &str, plan: Value| SessionRecord {
+            session_id: SessionId::parse(id).unwrap(),
+            agent: AgentId::parse("agent").unwrap(),
+            opened_by: Subject::Agent(AgentId::parse("agent").unwrap()),
+            created_at: Timestamp(1),
+            policy_version: "head-read".into(),
+            status: SessionStatus::Open,
+            closure: None,
+            envelope_id: None,
+            plan: Some(StoredPlan {
+                hash: super::digest_of(&plan),
+                used_by: vec![None; plan["steps"].as_array().map_or(0, Vec::len)],
+                plan,
+            }),
+            imported: None,
+            trusted_inputs_hash: Digest::of(id.as_bytes()),
+            revision: 1,
+        };
+        let a = session("s-a", plan(&["one", "two"]));
+        let first = engine.plan_of(&a).unwrap().unwrap();
+        assert_eq!(first.steps().len(), 2);
+        let again = engine
+            .plan_of(&SessionRecord {
+                revision: 7,
+                ..a.clone()
+            })
+            .unwrap()
+            .unwrap();
+        assert!(
+            Arc::ptr_eq(&first, &again),
+            "the same plan is not parsed again"
+        );
+        let other_session = engine
+            .plan_of(&session("s-b", plan(&["one", "two"])))
+            .unwrap()
+            .unwrap();
+        assert!(!Arc::ptr_eq(&first, &other_session));
+        let other_plan = engine
+            .plan_of(&session("s-a", plan(&["three"])))
+            .unwrap()
+            .unwrap();
+        assert_eq!(other_plan.steps().len(), 1);
+        assert_eq!(other_plan.steps()[0].step_id.as_str(), "three");
+        let broken = session("s-c", json!({"steps": "not a list"}));
+        assert!(matches!(
+            engine.plan_of(&broken),
+            Err(crate::EngineError::Internal(_))
+        ));
+        assert!(matches!(
+            engine.plan_of(&broken),
+            Err(crate::EngineError::Internal(_))
+        ));
+        let bare = SessionRecord { plan: None, ..a };
+        assert!(engine.plan_of(&bare).unwrap().is_none());
     }
 }
