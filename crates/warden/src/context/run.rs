@@ -5,11 +5,11 @@ use serde_json::{Value, json};
 use warden_core::audit::AuditDraft;
 use warden_core::decision::{Decision, Verdict};
 use warden_core::envelope::{
-    ContextGate as CoreGate, Envelope, EnvelopeError, EnvelopeId, WorkflowId,
+    ContextGate as CoreGate, ContextRequest, Envelope, EnvelopeError, EnvelopeId, WorkflowId,
 };
-use warden_core::gate::{GateCall, GateContext, PlanUse, Verdicts, assess};
+use warden_core::gate::{GateCall, GateContext, PlanUse, Verdicts, assess, literal_origins};
 use warden_core::ids::{AgentId, Label, RunId};
-use warden_core::provenance::{FingerprintKey, SourceIndex};
+use warden_core::provenance::{FingerprintKey, OriginSet, SourceIndex};
 use warden_core::time::Timestamp;
 use warden_store::{
     EscalationTarget, PutEnvelope, RunRecord, RunStep, StepOutcome, StepStatus, Store,
@@ -276,13 +276,16 @@ impl<S: Store> Engine<S> {
     /// obligations. Without it the gate is decided here, against the
     /// envelope as it stands: for a run's step that is how a bypass is
     /// detected; a session's call is gated by its record instead.
-    /// `extra` joins the transition's audit details.
+    /// `origins` are the call's argument origins for that decision (a
+    /// run's step: every value a plan literal). `extra` joins the
+    /// transition's audit details.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn fold_labels(
         &self,
         caller: &Caller,
         envelope_id: &EnvelopeId,
         action: &str,
+        origins: &[OriginSet],
         reported: &[Label],
         gated: Option<&Gated>,
         extra: Value,
@@ -300,8 +303,12 @@ impl<S: Store> Engine<S> {
             Some(g) => (g.gate.clone(), Some(g.envelope.clone())),
             None => {
                 let before = self.load_envelope(policy, envelope_id).await?;
+                let request = ContextRequest::Call {
+                    action: self.action_ref(action),
+                    arguments: origins,
+                };
                 (
-                    CoreGate::decide(&before, policy, self.action_ref(action)),
+                    CoreGate::decide_request(&before, policy, &request),
                     Some(before),
                 )
             }
@@ -362,10 +369,12 @@ impl<S: Store> Engine<S> {
         let (Some(_), Some(envelope_id)) = (self.context_policy(), &run.envelope_id) else {
             return Ok(None);
         };
+        let arguments = Value::Object(crate::steps::step_arguments(run, &step.step_id));
         self.fold_labels(
             &Caller::Agent(actor.clone()),
             envelope_id,
             step.action.as_str(),
+            &literal_origins(&arguments),
             reported,
             gated,
             json!({"run_id": run.run_id, "step_id": step.step_id}),

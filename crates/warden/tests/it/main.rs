@@ -17,5 +17,6 @@ mod quotas;
 mod runs_as_plans;
 mod session_memory;
 mod session_properties;
+mod session_restrictions;
 mod sessions;
 mod support;
