@@ -14,6 +14,7 @@ mod lockdown;
 mod nodes;
 mod properties;
 mod quotas;
+mod session_plans;
 mod session_properties;
 mod sessions;
 mod support;
