@@ -26,7 +26,7 @@
 //!   session's sources. When the binding names a `step`, the value must
 //!   occur in that step's result, whose origins the catalogue fixes (its
 //!   action's `output:` trust; an action without one, or unknown, gives
-//!   `untrusted`). If none of those origins is one the rule accepts (the
+//!   `untrusted`, and so does a call that reports an error). If none of those origins is one the rule accepts (the
 //!   rule's `from`, or the binding's own `from`), the value can be vouched
 //!   for only by also occurring in another source of an accepted origin
 //!   (the user's request, typically); otherwise the call meets the
