@@ -458,35 +458,15 @@ impl<S: Store> Engine<S> {
             };
             return Ok(Ok((Some(envelope), Some(import), Some(draft))));
         }
-        let inherited = self.read_state()?.envelopes.get(agent).cloned();
-        match inherited {
-            Some(source) => {
-                let source = self.load_envelope(policy, &source).await?;
-                let (envelope, t) = source.delegate(policy, agent.clone(), id, &[], false)?;
-                let draft = self.transition_draft(caller, ops::CONTEXT_OPEN, &t, extra, now);
-                Ok(Ok((Some(envelope), None, Some(draft))))
-            }
-            None => {
-                let workflow = WorkflowId::parse(session_id.as_str())
-                    .map_err(|e| EngineError::input("session_id", e))?;
-                let envelope = Envelope::root(policy, id, workflow, agent.clone());
-                let d = self.decision(
-                    caller,
-                    Verdict::Allow,
-                    crate::engine::engine_reasons::CONTEXT_CREATED,
-                    ops::CONTEXT_OPEN,
-                    envelope.envelope_id().to_string(),
-                    now,
-                );
-                let draft = self.draft(&d).with_details(json!({
-                    "session_id": session_id,
-                    "envelope_id": envelope.envelope_id(),
-                    "agent_id": agent,
-                    "version": envelope.version(),
-                }));
-                Ok(Ok((Some(envelope), None, Some(draft))))
-            }
-        }
+        let workflow = WorkflowId::parse(session_id.as_str())
+            .map_err(|e| EngineError::input("session_id", e))?;
+        let opened = self
+            .open_workflow_envelope(caller, agent, workflow, extra, now)
+            .await?;
+        Ok(Ok(match opened {
+            Some((envelope, draft)) => (Some(envelope), None, Some(draft)),
+            None => (None, None, None),
+        }))
     }
 
     /// Every reason the plan's admission refuses (empty: admitted): its
