@@ -44,7 +44,11 @@ enum Command {
     /// Run the lab document's report-production scenario and print each
     /// acceptance criterion with its evidence.
     Demo,
-    /// Preflight an SOP offline: exit 0 admitted, 1 rejected, 2 bad input.
+    /// Admit an SOP or a plan offline, as a session admits its plan, and
+    /// show per step the provenance its guarded arguments will meet (plan
+    /// literals, bindings that are checked or can only escalate or be
+    /// denied, bound arguments no rule guards): exit 0 admitted, 1
+    /// rejected, 2 bad input.
     Check {
         /// Policy bundle (YAML or JSON).
         #[arg(long)]
@@ -52,7 +56,8 @@ enum Command {
         /// The acting agent (declared in the bundle).
         #[arg(long)]
         agent: String,
-        /// The SOP file (JSON).
+        /// The SOP or plan file (JSON; a plan's argument values may be
+        /// `{"$bind": {...}}`).
         sop: PathBuf,
         /// Print the result as JSON.
         #[arg(long)]

@@ -642,6 +642,14 @@ impl Policy {
         if self.spec.sessions.is_some() {
             out.push(format!("sessions: {}", self.sessions.explain()));
         }
+        if let Some(context) = &self.spec.context {
+            for (name, r) in &context.restrictions {
+                out.push(format!(
+                    "context.restrictions.{name}: {}",
+                    explain_restriction(r)
+                ));
+            }
+        }
         for (issuer, key) in &self.trusted_issuers {
             out.push(format!(
                 "trusted_issuers.{issuer}: envelopes signed by Ed25519 key {} may open a session",
@@ -709,6 +717,49 @@ pub fn seed_class(m: &MemorySeed) -> Result<RecordClass, String> {
         return Err("`secret` and `task` records are always private".into());
     }
     Ok(class)
+}
+
+/// What a declared restriction does, in one sentence.
+fn explain_restriction(r: &crate::envelope::RestrictionSpec) -> String {
+    let list = |xs: Vec<String>| xs.join(", ");
+    let mut covers = Vec::new();
+    if !r.denies_actions.is_empty() {
+        covers.push(format!(
+            "the actions {}",
+            list(r.denies_actions.iter().map(|a| format!("`{a}`")).collect())
+        ));
+    }
+    if !r.denies_tags.is_empty() {
+        covers.push(format!(
+            "actions tagged {}",
+            list(r.denies_tags.iter().map(|t| format!("`{t}`")).collect())
+        ));
+    }
+    if let Some(scope) = r.denies_delegation {
+        covers.push(match scope {
+            crate::envelope::DelegationScope::External => "delegation to an external zone".into(),
+            crate::envelope::DelegationScope::All => "every delegation".into(),
+        });
+    }
+    let verb = if r.verdict.is_deny() {
+        "denies"
+    } else {
+        "escalates to a human"
+    };
+    let when = if r.when_arguments_from.is_empty() {
+        String::new()
+    } else {
+        format!(
+            ", but only a call with an argument value that comes from nothing but {}",
+            list(
+                r.when_arguments_from
+                    .iter()
+                    .map(|o| o.as_str().to_owned())
+                    .collect()
+            )
+        )
+    };
+    format!("once held, {verb} {}{when}", list(covers))
 }
 
 #[cfg(test)]
@@ -785,6 +836,25 @@ mod tests {
         for word in ["unplanned", "max_recorded_bytes", "max_sources"] {
             assert!(text.contains(word), "{word}");
         }
+    }
+
+    #[test]
+    fn lint_explains_every_declared_restriction() {
+        let p = compile(
+            "policy_version: r\nagents: []\ncontext:\n  restrictions:\n    untrusted_export: {denies_tags: [export], when_arguments_from: [untrusted, none], verdict: escalate}\n    no_sends: {denies_actions: [send_email]}\n",
+        )
+        .unwrap();
+        let lines = p.explain_provenance();
+        assert!(
+            lines.contains(
+                &"context.restrictions.no_sends: once held, denies the actions `send_email`"
+                    .to_owned()
+            ),
+            "{lines:?}"
+        );
+        assert!(lines.contains(&"context.restrictions.untrusted_export: once held, escalates to a human actions tagged `export`, but only a call with an argument value that comes from nothing but untrusted, none".to_owned()), "{lines:?}");
+        let schema = schema().to_string();
+        assert!(schema.contains("when_arguments_from"));
     }
 
     fn issues(text: &str) -> Vec<(String, String)> {

@@ -22,7 +22,9 @@
 //!    (`argument_not_vouched:<path>`, `argument_confusable:<path>`), against
 //!    the session's [`SourceIndex`], except what the plan's literals fill;
 //! 5. the context envelope (restrictions, the backstop, the sensitivity
-//!    floor); its obligations turn an allow into a constrain.
+//!    floor), with the origins of every argument value when a restriction
+//!    applies by origin ([`argument_origins`]); its obligations turn an
+//!    allow into a constrain.
 //!
 //! Pure: the caller loads the session (or run), its index and its envelope,
 //! and records what this returns.
@@ -37,7 +39,9 @@ use crate::hierarchy::Hierarchy;
 use crate::ids::{ActionName, AgentId, CallId, StepId};
 use crate::plan::{Plan, PlanMatch, match_call};
 use crate::preflight::{PreflightContext, check_call};
-use crate::provenance::{Origin, Otherwise, SourceId, SourceIndex, ValueProvenance};
+use crate::provenance::{
+    MatchMode, Origin, OriginSet, Otherwise, SourceId, SourceIndex, ValueProvenance,
+};
 
 /// A call matched no planned step.
 pub const UNPLANNED_CALL: Reason = Reason::code("unplanned_call");
@@ -345,10 +349,20 @@ pub fn assess(ctx: &GateContext<'_>, call: &GateCall<'_>, prior: Verdicts) -> As
     let mut obligations = Vec::new();
     let mut context = None;
     if let (Some(envelope), Some(cp)) = (call.envelope, policy.context.as_ref()) {
+        // A restriction applied by origin needs each argument value's
+        // origins; found only when one exists.
+        let origins = if cp.has_conditional_restrictions() {
+            argument_origins(call.arguments, call.index, &exempt)
+        } else {
+            Vec::new()
+        };
         let cd = decide(
             envelope,
             cp,
-            &ContextRequest::Action(action_ref(policy, call.action)),
+            &ContextRequest::Call {
+                action: action_ref(policy, call.action),
+                arguments: &origins,
+            },
         );
         v.add(cd.verdict, cd.reason.clone());
         obligations = cd.obligations.to_vec();
@@ -385,6 +399,64 @@ fn used(policy: &Policy, plan: &Plan, used_by: &[Option<CallId>]) -> Vec<bool> {
                     .is_none_or(|a| a.is_effect())
         })
         .collect()
+}
+
+/// The origins of every argument value (every leaf of the arguments, in
+/// document order): `plan` where a plan literal fills it (`exempt`),
+/// otherwise every origin the index finds for it (`none` if none holds it),
+/// compared case-sensitively (the stricter reading: fewer vouching
+/// matches).
+pub fn argument_origins(
+    arguments: &Value,
+    index: &SourceIndex,
+    exempt: &[String],
+) -> Vec<OriginSet> {
+    let mut out = Vec::new();
+    leaves(arguments, &mut String::new(), &mut |path, value| {
+        if exempt.iter().any(|e| covers(e, path)) {
+            out.push(OriginSet::of(&[Origin::Plan]));
+        } else {
+            let p = index.provenance(path.to_owned(), value, MatchMode::Text);
+            out.push(OriginSet::of(&p.origins));
+        }
+    });
+    out
+}
+
+/// The origins of the arguments of a fully literal plan's step: `plan`
+/// for every value.
+pub fn literal_origins(arguments: &Value) -> Vec<OriginSet> {
+    let mut out = Vec::new();
+    leaves(arguments, &mut String::new(), &mut |_, _| {
+        out.push(OriginSet::of(&[Origin::Plan]));
+    });
+    out
+}
+
+/// Visit every scalar leaf of `value` with its path (`a.b`, `list[2]`).
+fn leaves(value: &Value, path: &mut String, visit: &mut impl FnMut(&str, &Value)) {
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                let len = path.len();
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(k);
+                leaves(v, path, visit);
+                path.truncate(len);
+            }
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                let len = path.len();
+                path.push_str(&format!("[{i}]"));
+                leaves(v, path, visit);
+                path.truncate(len);
+            }
+        }
+        _ => visit(path, value),
+    }
 }
 
 /// Whether exempt path `e` covers value path `path` (itself, or inside it).

@@ -196,7 +196,17 @@ pub fn admit_with_bound(
                     .by_name(step.action.as_str())
                     .map_or(&[], |a| a.tags()),
             };
-            let cd = decide(run.envelope, run.policy, &ContextRequest::Action(action));
+            // Every argument of a step at admission is the plan's own (a
+            // bound position is decided with its value at call time).
+            let origins = crate::gate::literal_origins(&step.arguments);
+            let cd = decide(
+                run.envelope,
+                run.policy,
+                &ContextRequest::Call {
+                    action,
+                    arguments: &origins,
+                },
+            );
             if cd.is_permanent() {
                 violations.push(cd.reason);
             }

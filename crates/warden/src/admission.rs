@@ -6,6 +6,7 @@ use warden_core::audit::Digest;
 use warden_core::canonical::to_canonical;
 use warden_core::decision::{Decision, Reason, Verdict};
 use warden_core::ids::{AgentId, RunId};
+use warden_core::plan::{PlanDocument, PlanExplanation};
 use warden_core::preflight::{Preflight, PreflightContext, RunContext, admit, preflight};
 use warden_core::sop::Sop;
 use warden_core::time::Timestamp;
@@ -42,6 +43,61 @@ impl<S: Store> Engine<S> {
             .map(|s| {
                 self.draft(&s.decision)
                     .with_details(violations_details(&s.violations))
+            })
+            .collect();
+        self.inner.store.append_audit(drafts).await?;
+        Ok(result)
+    }
+
+    /// Admit `document` (a plan, or an SOP: see
+    /// [`warden_core::plan::parse_document`]) for `actor` without recording
+    /// anything, as a session admits its plan (no envelope): for an SOP, or
+    /// a plan of literals, exactly what [`Engine::preflight`] decides. With
+    /// the provenance explanation of every step.
+    pub fn preflight_document(
+        &self,
+        actor: &AgentId,
+        document: &PlanDocument,
+    ) -> Result<PlanCheck, EngineError> {
+        let now = self.now();
+        let state = self.read_state()?;
+        let ctx = PreflightContext {
+            hierarchy: &state.hierarchy,
+            catalogue: &self.inner.policy.catalogue,
+            policy_version: &self.inner.policy.version,
+        };
+        Ok(PlanCheck {
+            preflight: document.admit(&ctx, actor, None, now),
+            provenance: document.explain(&self.inner.policy.catalogue),
+        })
+    }
+
+    /// [`Engine::preflight_document`], recording every step's decision as
+    /// [`Engine::validate_sop`] does; a step with provenance findings
+    /// records them too (`details.provenance`).
+    pub async fn validate_document(
+        &self,
+        actor: &AgentId,
+        document: &PlanDocument,
+    ) -> Result<PlanCheck, EngineError> {
+        let result = self.preflight_document(actor, document)?;
+        let drafts = result
+            .preflight
+            .steps
+            .iter()
+            .zip(&result.provenance.steps)
+            .map(|(s, p)| {
+                let mut details = violations_details(&s.violations);
+                if !p.findings.is_empty() {
+                    let findings: Vec<&str> = p.findings.iter().map(|r| r.as_str()).collect();
+                    match &mut details {
+                        Value::Object(m) => {
+                            m.insert("provenance".into(), json!(findings));
+                        }
+                        _ => details = json!({"provenance": findings}),
+                    }
+                }
+                self.draft(&s.decision).with_details(details)
             })
             .collect();
         self.inner.store.append_audit(drafts).await?;
@@ -240,6 +296,15 @@ fn existing_admission(
             id: run_id.to_string(),
         })
     }
+}
+
+/// A document's admission and what provenance its steps will meet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanCheck {
+    /// Every step's decision.
+    pub preflight: Preflight,
+    /// Per step, the provenance explanation.
+    pub provenance: PlanExplanation,
 }
 
 /// The result of admitting a run.

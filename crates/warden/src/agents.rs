@@ -72,6 +72,15 @@ pub struct DelegationOptions {
     /// parent): what the session accumulated binds the child.
     #[serde(default)]
     pub from_session: Option<warden_core::ids::SessionId>,
+    /// Inherit a signed envelope from an issuer the bundle trusts: it is
+    /// imported (verified; a forged, replayed or downgraded envelope
+    /// refuses the delegation and creates nothing) into a session of the
+    /// parent that carries it, and the child is delegated from that
+    /// session. The carrier's id is derived from the child and the
+    /// envelope's id and version, so a retry (after an approval, say)
+    /// finds the same import instead of replaying it.
+    #[serde(default)]
+    pub from_envelope: Option<warden_core::envelope::sign::SignedEnvelope>,
     /// Where the child runs; `None` is internal (inside this deployment).
     #[serde(default)]
     pub zone: Option<TrustZone>,
@@ -248,6 +257,10 @@ impl<S: Store> Engine<S> {
         mut req: RegisterAgent,
         options: DelegationOptions,
     ) -> Result<Registration, EngineError> {
+        let options = match self.import_for_child(caller, &req, options).await? {
+            Ok(options) => options,
+            Err(refused) => return Ok(refused),
+        };
         let _guard = self.inner.registry.lock().await;
         let now = self.now();
         let resource = req.id.to_string();

@@ -54,7 +54,7 @@ pub use access::{
     AgentRead, AgentVisibility, Authentication, EnvelopeRead, RouteRefusal, RunAccess,
     RunVisibility,
 };
-pub use admission::Admission;
+pub use admission::{Admission, PlanCheck};
 pub use agents::{
     AgentView, AppliedAgents, RegisterAgent, Registration, RegistrationRefusal, Revocation,
 };

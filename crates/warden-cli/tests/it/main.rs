@@ -13,6 +13,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+mod check;
 mod postgres;
 
 const OP: &str = "cli-test-operator-token-0123456789abcdef";

@@ -15,6 +15,7 @@ use super::reasons;
 use super::state::Envelope;
 use crate::decision::{Decision, Obligation, Reason, Verdict};
 use crate::ids::{ActionName, Label};
+use crate::provenance::OriginSet;
 use crate::time::Timestamp;
 
 /// An action as the catalogue describes it: its name and its tags.
@@ -29,8 +30,19 @@ pub struct ActionRef<'a> {
 /// What is being asked of the envelope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ContextRequest<'a> {
-    /// Run an action next.
+    /// Run an action next, its arguments' origins unknown: a restriction
+    /// applied by origin covers it (fails closed).
     Action(ActionRef<'a>),
+    /// Run a call of an action whose argument values' origins are known:
+    /// one set per argument value (leaf). A restriction applied by origin
+    /// covers the call when some value's origins all lie in the origins it
+    /// names.
+    Call {
+        /// The action.
+        action: ActionRef<'a>,
+        /// The origins of each argument value.
+        arguments: &'a [OriginSet],
+    },
     /// Delegate work to another agent.
     Delegation {
         /// Where the delegatee runs.
@@ -203,17 +215,22 @@ fn is_flow(tags: &[Label]) -> bool {
 ///
 /// Checked in this order; the first that applies wins:
 ///
-/// 1. a projected restriction denies the action (by name or tag) or the
-///    delegation (by trust zone) → `deny`, `restricted_by:<restriction>`
-///    (the first such restriction by name);
+/// 1. a projected restriction whose verdict is `deny` covers the action
+///    (by name or tag; one applied by origin only when a value of the
+///    call's arguments comes from nothing but the origins it names, or
+///    when the origins are unknown) or the delegation (by trust zone) →
+///    `deny`, `restricted_by:<restriction>` (the first such restriction by
+///    name);
 /// 2. an external delegation whose delegatee can perform an action a
-///    projected restriction denies → `deny`, `delegation_denied:<action>`
+///    projected restriction covers → `deny`, `delegation_denied:<action>`
 ///    (outside this deployment nothing enforces the child envelope);
-/// 3. the backstop fires → its verdict (`escalate` by default),
+/// 3. a projected restriction whose verdict is `escalate` covers the
+///    action (as in 1) → `escalate`, `restricted_by:<restriction>`;
+/// 4. the backstop fires → its verdict (`escalate` by default),
 ///    `aggregation_backstop`;
-/// 4. an `export`/`external`-tagged action, or an external delegation, at or
+/// 5. an `export`/`external`-tagged action, or an external delegation, at or
 ///    above `restricted_floor` → `escalate`, `sensitivity_floor`;
-/// 5. otherwise `constrain` (`context_constrained`) if there are obligations
+/// 6. otherwise `constrain` (`context_constrained`) if there are obligations
 ///    (result labels at or above `inherit_threshold`; restrictions children
 ///    inherit), else `allow` (`context_allowed`).
 ///
@@ -253,15 +270,30 @@ pub fn decide(
 
     let (denying, flow) = match request {
         ContextRequest::Action(a) => (policy.denying_action(a.name, a.tags), is_flow(a.tags)),
+        ContextRequest::Call {
+            action: a,
+            arguments,
+        } => {
+            let mut covering = policy.denying_action(a.name, a.tags);
+            for (i, from) in policy.conditional() {
+                if covering.contains(*i) && !arguments.iter().any(|o| o.is_subset(*from)) {
+                    let mut off = RestrictionBits::EMPTY;
+                    off.insert(*i);
+                    covering = covering.minus(off);
+                }
+            }
+            (covering, is_flow(a.tags))
+        }
         ContextRequest::Delegation { target, .. } => (
             policy.denying_delegation(*target),
             *target == TrustZone::External,
         ),
     };
+    let covering = denying.intersect(c.restrictions);
 
     // 1. explicit restrictions are hard gates.
-    if let Some(name) = denying
-        .intersect(c.restrictions)
+    if let Some(name) = covering
+        .minus(policy.escalating())
         .first()
         .and_then(|i| vocab.restrictions.get(i))
     {
@@ -288,7 +320,20 @@ pub fn decide(
         inherit: c.restrictions,
     };
 
-    // 3. combinations no rule covers.
+    // 3. restrictions that ask a human.
+    if let Some(name) = covering
+        .intersect(policy.escalating())
+        .first()
+        .and_then(|i| vocab.restrictions.get(i))
+    {
+        return decision(
+            Verdict::Escalate,
+            Reason::with_param(reasons::RESTRICTED_BY, name.as_str()),
+            obligations,
+        );
+    }
+
+    // 4. combinations no rule covers.
     if let Some(v) = policy.backstop(&c) {
         return match v {
             BackstopVerdict::Escalate => decision(
@@ -300,12 +345,12 @@ pub fn decide(
         };
     }
 
-    // 4. flows out at or above the floor that no restriction covers.
+    // 5. flows out at or above the floor that no restriction covers.
     if flow && c.sensitivity >= policy.restricted_floor() {
         return decision(Verdict::Escalate, reasons::SENSITIVITY_FLOOR, obligations);
     }
 
-    // 5.
+    // 6.
     if obligations.is_empty() {
         decision(Verdict::Allow, reasons::CONTEXT_ALLOWED, obligations)
     } else {
@@ -364,7 +409,13 @@ where
     if envelope.check_policy(policy).is_err() {
         return BTreeSet::new();
     }
-    let restrictions = envelope.closure(policy).restrictions;
+    // Only restrictions that always deny remove authority: an escalating
+    // one, or one applied by origin, is decided on each call the child
+    // makes (its envelope inherits them).
+    let restrictions = envelope
+        .closure(policy)
+        .restrictions
+        .minus(policy.not_always_denying());
     delegator
         .iter()
         .filter(|a| delegatee.contains(*a) && org_policy.contains(*a))

@@ -47,6 +47,16 @@ impl ContextGate {
         Self::from_decision(decide(envelope, policy, &ContextRequest::Action(action)))
     }
 
+    /// Decide `request` against `envelope` ([`ContextGate::decide`] for a
+    /// call whose argument origins are known).
+    pub fn decide_request(
+        envelope: &Envelope,
+        policy: &ContextPolicy,
+        request: &ContextRequest<'_>,
+    ) -> Self {
+        Self::from_decision(decide(envelope, policy, request))
+    }
+
     /// The gate a context decision describes.
     pub fn from_decision(cd: ContextDecision) -> Self {
         let permanent = cd.is_permanent();

@@ -135,7 +135,8 @@ pub use ident::{EnvelopeId, IssuerId, WorkflowId};
 pub use policy::{
     AggregationRuleSpec, BackstopSpec, BackstopVerdict, ContextPolicy, ContextPolicyError,
     ContextPolicySpec, DelegationScope, NO_EXTERNAL_DELEGATION, NO_EXTERNAL_EXPORT,
-    NO_MEMORY_WRITE, NameSet, RestrictionSpec, Sensitivity, TAG_EXPORT, TAG_EXTERNAL, TrustZone,
+    NO_MEMORY_WRITE, NameSet, RestrictionSpec, RestrictionVerdict, Sensitivity, TAG_EXPORT,
+    TAG_EXTERNAL, TrustZone,
 };
 pub use state::{
     Declassification, Envelope, EnvelopeError, EnvelopeRecord, MAX_JUSTIFICATION_BYTES, Transition,

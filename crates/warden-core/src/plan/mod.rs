@@ -58,12 +58,29 @@
 //! satisfy them: such a plan is refused (fail closed). Bound positions are
 //! checked when the call is made, when every catalogue rule applies to the
 //! call's actual arguments ([`preflight::check_call`]).
+//!
+//! # Checking before anything runs
+//!
+//! [`parse_document`] reads what `warden check` and `POST
+//! /v1/sops/validate` are given: a plan when it parses as one; an SOP when
+//! only its step ids (empty or repeated, which an SOP's preflight reports
+//! as findings) keep it from being one and it holds no `$bind`.
+//! [`PlanDocument::admit`] admits a plan with [`admit_plan`] (for a plan
+//! of literals exactly what [`preflight::admit`] decides for the SOP) and
+//! an SOP with [`preflight::admit`]; [`PlanDocument::explain`] says, per
+//! step and guarded argument, what provenance a call using the step will
+//! meet ([`explain_plan`]: literals vouched for by the plan, bindings
+//! checked, bindings that can only escalate or be denied, bound positions
+//! no rule guards).
 
 mod error;
+mod explain;
 mod matching;
 mod path;
 mod template;
 
+#[cfg(test)]
+mod explain_tests;
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]
@@ -79,6 +96,10 @@ use crate::sop::{Sop, SopLimits, Step, sop_from_value};
 use crate::time::Timestamp;
 
 pub use error::{PlanError, PlanErrorKind};
+pub use explain::{
+    BindingExplanation, ConstraintBy, Fill, PlanExplanation, PositionExplanation, RuleExplanation,
+    StepExplanation, Unmet, codes as explain_codes, explain_plan, explain_sop,
+};
 pub use matching::{BoundValue, PlanMatch, match_call};
 pub use path::{ArgPath, ArgSeg};
 pub use template::{BIND_KEY, Binding};
@@ -319,4 +340,88 @@ pub fn admit_plan(
         run,
         now,
     )
+}
+
+/// A document checked before anything runs: a plan, or an SOP that is not
+/// one only because of its step ids (see [`parse_document`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanDocument {
+    /// A plan (possibly of literals only).
+    Plan(Plan),
+    /// An SOP with an empty or repeated step id and no `$bind`.
+    Sop(Sop),
+}
+
+/// Read a document to check: the SOP format first (its errors as they
+/// are), then a plan; an SOP whose step ids alone are not a plan's (an
+/// empty or repeated one) and that holds no `$bind` object anywhere in its
+/// arguments is kept as an SOP, so its preflight reports those ids as
+/// findings (`empty_step_id`, `duplicate_step_id`). Any other plan error
+/// is returned.
+pub fn parse_document(json: &Value, limits: &SopLimits) -> Result<PlanDocument, PlanError> {
+    let sop = sop_from_value(json, limits)?;
+    match parse_plan(json, limits) {
+        Ok(plan) => Ok(PlanDocument::Plan(plan)),
+        Err(PlanError::Plan {
+            kind: PlanErrorKind::EmptyStepId | PlanErrorKind::DuplicateStepId,
+            ..
+        }) if !sop.steps.iter().any(|s| holds_bind(&s.arguments)) => Ok(PlanDocument::Sop(sop)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether any object inside `v` has a `$bind` key.
+fn holds_bind(v: &Value) -> bool {
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::Object(m) => {
+                if m.contains_key(BIND_KEY) {
+                    return true;
+                }
+                stack.extend(m.values());
+            }
+            Value::Array(items) => stack.extend(items),
+            _ => {}
+        }
+    }
+    false
+}
+
+impl PlanDocument {
+    /// Its id.
+    pub fn sop_id(&self) -> &SopId {
+        match self {
+            PlanDocument::Plan(p) => p.sop_id(),
+            PlanDocument::Sop(s) => &s.sop_id,
+        }
+    }
+
+    /// Whether any argument is bound.
+    pub fn has_bindings(&self) -> bool {
+        matches!(self, PlanDocument::Plan(p) if p.has_bindings())
+    }
+
+    /// Its complete admission: [`admit_plan`] for a plan,
+    /// [`preflight::admit`] for an SOP.
+    pub fn admit(
+        &self,
+        ctx: &PreflightContext<'_>,
+        actor: &crate::ids::AgentId,
+        run: Option<RunContext<'_>>,
+        now: Timestamp,
+    ) -> Preflight {
+        match self {
+            PlanDocument::Plan(p) => admit_plan(ctx, actor, p, run, now),
+            PlanDocument::Sop(s) => preflight::admit(ctx, actor, s, run, now),
+        }
+    }
+
+    /// Its provenance explanation ([`explain_plan`], [`explain_sop`]).
+    pub fn explain(&self, catalogue: &crate::catalogue::ActionCatalogue) -> PlanExplanation {
+        match self {
+            PlanDocument::Plan(p) => explain_plan(catalogue, p),
+            PlanDocument::Sop(s) => explain_sop(catalogue, s),
+        }
+    }
 }

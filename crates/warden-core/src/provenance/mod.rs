@@ -270,6 +270,44 @@ impl Origin {
     }
 }
 
+/// A set of origins (a value's, or the origins a restriction names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct OriginSet(u8);
+
+impl OriginSet {
+    /// No origin.
+    pub const EMPTY: OriginSet = OriginSet(0);
+
+    /// The set of `origins`.
+    pub fn of(origins: &[Origin]) -> Self {
+        let mut s = Self::EMPTY;
+        for o in origins {
+            s.insert(*o);
+        }
+        s
+    }
+
+    /// Add `o`.
+    pub fn insert(&mut self, o: Origin) {
+        self.0 |= 1 << o.code();
+    }
+
+    /// Whether `o` is in the set.
+    pub fn contains(self, o: Origin) -> bool {
+        self.0 & (1 << o.code()) != 0
+    }
+
+    /// Whether every origin of `self` is in `other`.
+    pub fn is_subset(self, other: OriginSet) -> bool {
+        self.0 & !other.0 == 0
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
 impl fmt::Display for Origin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

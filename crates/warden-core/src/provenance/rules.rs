@@ -331,6 +331,23 @@ impl OutputTrust {
         covered.unwrap_or(self.default)
     }
 
+    /// Every origin a result field can get: the default's and each field
+    /// override's, sorted, without repeats.
+    pub fn origins(&self) -> Vec<Origin> {
+        let mut out: Vec<Origin> = std::iter::once(self.default)
+            .chain(self.fields.iter().map(|(_, o)| *o))
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Whether an `output:` section declared the trust (rather than the
+    /// untrusted default of an action that declares none).
+    pub fn is_declared(&self) -> bool {
+        self.declared
+    }
+
     /// Lines saying what trust the results get.
     pub fn explain(&self) -> Vec<String> {
         let mut out = vec![format!(

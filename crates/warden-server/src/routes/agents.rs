@@ -10,6 +10,7 @@ use warden::{
     RegistrationRefusal, Revocation, TokenRevocation,
 };
 use warden_core::envelope::ContextPolicy;
+use warden_core::envelope::sign::SignedEnvelope;
 use warden_core::ids::{ActionName, AgentId, Label, check_identifier};
 use warden_store::{Store, TokenSubject};
 
@@ -205,9 +206,17 @@ pub(crate) async fn delegate<S: Store>(
     // A `parent_id` naming anyone but the caller goes to the engine as is:
     // it refuses it (`not_own_child`) and records the attempt.
     let parent = req.parent_id.unwrap_or(me);
+    let from_envelope = match req.from_envelope {
+        None => None,
+        Some(v) => Some(serde_json::from_value::<SignedEnvelope>(v).map_err(|e| {
+            ApiError::invalid("invalid_value", format!("`from_envelope` {e}"))
+                .with_details(json!({"field": "from_envelope"}))
+        })?),
+    };
     let options = DelegationOptions {
         from_run: req.from_run,
         from_session: req.from_session,
+        from_envelope,
         zone: req.zone.map(Into::into),
         restrictions: req.restrictions,
         redact_labels: req.redact_labels,

@@ -404,10 +404,14 @@ routes! {
     POST "/v1/sops/validate" => runs::validate::<S>, {
         id: "validateSop",
         access: Access::Agent,
-        summary: "Preflight an SOP: every step's decision, nothing runs",
+        summary: "Preflight an SOP or a plan: every step's decision and the provenance of its guarded arguments, nothing runs",
         request: Some(wire!(ValidateSopRequest)),
         response: Payload::Json(wire!(ValidateResponse)),
-        errors: &[fail(422, "invalid_sop").note("`details.field`, `details.reason`")],
+        outcome: "the `sop` may be a plan (argument values `{\"$bind\": ...}`), admitted as a session admits it; `provenance`: per step, how each argument a provenance rule guards will be vouched for",
+        errors: &[
+            fail(422, "invalid_sop").note("`details.field`, `details.reason`"),
+            fail(422, "invalid_plan").note("`details.field`, `details.reason`"),
+        ],
     }
     POST "/v1/runs" => runs::admit::<S>, {
         id: "admitRun",

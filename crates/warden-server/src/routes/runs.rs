@@ -10,8 +10,9 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde_json::{Value, json};
-use warden::{Admission, Completion, StepGate, StepRefusal, StepResult};
+use warden::{Admission, Completion, EngineError, StepGate, StepRefusal, StepResult};
 use warden_core::ids::{RunId, StepId};
+use warden_core::plan::{PlanError, parse_document};
 use warden_core::sop::{Sop, sop_from_value};
 use warden_store::Store;
 
@@ -23,6 +24,7 @@ use crate::state::AppState;
 use crate::wire::{
     AdmitRunRequest, CompleteStepRequest, DecisionBody, GateBody, GateResponse, OutcomeBody, Reply,
     RunAdmittedResponse, RunStepBody, ValidateResponse, ValidateSopRequest, step_decisions,
+    step_provenance,
 };
 use warden::engine_reasons::QUOTA_MAX_RUNS_IN_FLIGHT;
 
@@ -35,19 +37,28 @@ fn parse_sop<S: Store>(st: &AppState<S>, v: &Value) -> ApiResult<Sop> {
     sop_from_value(v, &st.engine().policy().sop_limits).map_err(|e| sop_error(&e))
 }
 
-/// `POST /v1/sops/validate` (agent): every step's decision; nothing runs.
+/// `POST /v1/sops/validate` (agent): every step's decision and the
+/// provenance its guarded arguments will meet; nothing runs. A plan (an
+/// SOP with `$bind`s) is admitted as a session admits it; an SOP gets the
+/// decisions its preflight always gave.
 pub(crate) async fn validate<S: Store>(
     State(st): State<AppState<S>>,
     AgentCaller(me): AgentCaller,
     JsonBody(req): JsonBody<ValidateSopRequest>,
 ) -> ApiResult<Reply<ValidateResponse>> {
-    let sop = parse_sop(&st, &req.sop)?;
-    let result = st.engine().validate_sop(&me, &sop).await?;
+    let document =
+        parse_document(&req.sop, &st.engine().policy().sop_limits).map_err(|e| match e {
+            PlanError::Sop(s) => sop_error(&s),
+            other => ApiError::from(EngineError::Plan(other)),
+        })?;
+    let result = st.engine().validate_document(&me, &document).await?;
     Ok(Reply(
         StatusCode::OK,
         ValidateResponse {
-            admitted: result.admitted,
-            decisions: step_decisions(&result),
+            admitted: result.preflight.admitted,
+            decisions: step_decisions(&result.preflight),
+            plan: document.has_bindings(),
+            provenance: step_provenance(&result.provenance),
         },
     ))
 }

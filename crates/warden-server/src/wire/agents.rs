@@ -58,6 +58,12 @@ pub struct DelegateRequest {
     /// caller's own sessions; another agent's answers 404).
     #[serde(default)]
     pub from_session: Option<warden_core::ids::SessionId>,
+    /// Inherit a signed envelope from an issuer the bundle trusts
+    /// (`{envelope, issuer, signature}`, as `GET /v1/runs/{run}/envelope/signed`
+    /// answers it): forged, replayed and downgraded envelopes refuse the
+    /// delegation (403 `delegation_denied`) and create nothing.
+    #[serde(default)]
+    pub from_envelope: Option<serde_json::Value>,
     /// Restrictions the child gets on top of the inherited ones (names from
     /// the bundle's `context.restrictions`, or built-in ones).
     #[serde(default)]

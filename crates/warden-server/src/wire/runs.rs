@@ -4,17 +4,23 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use warden_core::ids::{ActionName, Label, RunId, StepId};
+use warden_core::plan::{
+    ConstraintBy, Fill, PlanExplanation, PositionExplanation, StepExplanation,
+};
 use warden_core::preflight::{Preflight, StepCheck};
+use warden_core::provenance::{MatchMode, Origin, Otherwise, Within};
 use warden_store::{StepOutcome, StepStatus};
 
 use super::DecisionBody;
 
-/// `POST /v1/sops/validate`: preflight an SOP.
+/// `POST /v1/sops/validate`: preflight an SOP or a plan.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ValidateSopRequest {
     /// The SOP: `{sop_id, version, steps: [{step_id, action, arguments}]}`,
-    /// parsed strictly.
+    /// parsed strictly. Or a plan: the same format, any argument value may
+    /// be a binding `{"$bind": {step?, from?, otherwise?, match?}}`,
+    /// admitted as a session admits its plan.
     pub sop: Value,
 }
 
@@ -80,6 +86,192 @@ pub struct ValidateResponse {
     pub admitted: bool,
     /// One decision per step, in order.
     pub decisions: Vec<StepDecisionBody>,
+    /// Whether the document binds any argument (a plan rather than an SOP).
+    pub plan: bool,
+    /// One provenance explanation per step, in order: how each argument
+    /// the action's provenance rules guard will be vouched for.
+    pub provenance: Vec<StepProvenanceBody>,
+}
+
+/// What provenance one step's guarded arguments will meet.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct StepProvenanceBody {
+    /// Step id as written.
+    pub step_id: String,
+    /// Action as written.
+    pub action: String,
+    /// Whether the catalogue has the action.
+    pub known_action: bool,
+    /// Whether the action is an outbound read.
+    pub outbound_read: bool,
+    /// The origins the action's results can get (by its `output:` trust).
+    pub result_origins: Vec<Origin>,
+    /// Per provenance rule of the action, in bundle order.
+    pub rules: Vec<RuleProvenanceBody>,
+    /// Bound arguments no provenance rule guards.
+    pub unguarded: Vec<PositionBody>,
+    /// The reasons worth attention (`binding_needs_review:<path>`,
+    /// `binding_denied:<path>`, `binding_unguarded:<path>`,
+    /// `rule_path_mismatch:<path>`), in order.
+    pub findings: Vec<String>,
+}
+
+/// One provenance rule and how the step meets it.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct RuleProvenanceBody {
+    /// The rule's argument path (`recipients[*]`).
+    pub argument: String,
+    /// The origins it accepts.
+    pub from: Vec<Origin>,
+    /// What an unvouched value gets.
+    pub otherwise: Otherwise,
+    /// How values are compared.
+    #[serde(rename = "match")]
+    pub matching: MatchMode,
+    /// The embedded targets it checks instead of the whole value.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub within: Option<Within>,
+    /// What the rule does, in one line.
+    pub rule: String,
+    /// Every position the rule reaches in the step.
+    pub positions: Vec<PositionBody>,
+}
+
+/// What fills a position of a step's arguments.
+#[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FillBody {
+    /// A literal of the plan (origin `plan`).
+    Literal,
+    /// A binding, filled at call time.
+    Binding,
+    /// Nothing: the step puts no value at the rule's path.
+    Absent,
+    /// The plan's structure does not fit the rule's path.
+    Mismatch,
+}
+
+/// One guarded (or bound) position and what the gate will make of it.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct PositionBody {
+    /// The argument path (`recipient`, `cc[1]`).
+    pub path: String,
+    /// What fills it.
+    pub fill: FillBody,
+    /// `literal_vouched`, `argument_absent`, `rule_path_mismatch`,
+    /// `binding_checked`, `binding_needs_review`, `binding_denied` or
+    /// `binding_unguarded`, with the path: `binding_needs_review:recipient`.
+    pub reason: String,
+    /// The binding, for a bound position.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub binding: Option<BindingBody>,
+    /// One line saying it.
+    pub explain: String,
+}
+
+/// A binding and what the step it names can vouch for.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct BindingBody {
+    /// The earlier step whose result must hold the value.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<StepId>,
+    /// That step's action.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step_action: Option<ActionName>,
+    /// The origins that step's results can get.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step_origins: Option<Vec<Origin>>,
+    /// The binding's own `from`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from: Option<Vec<Origin>>,
+    /// The binding's own `otherwise`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub otherwise: Option<Otherwise>,
+    /// The binding's `match`.
+    #[serde(rename = "match", skip_serializing_if = "Option::is_none")]
+    pub matching: Option<MatchMode>,
+    /// The constraints (the rule's, the binding's own `from`) the named
+    /// step's results cannot meet: the value must also occur in a source
+    /// of an origin each accepts, or the call gets its `otherwise`.
+    pub unmet: Vec<UnmetBody>,
+}
+
+/// A constraint the named step's results cannot meet.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct UnmetBody {
+    /// `rule` or `binding`.
+    pub by: String,
+    /// The origins it accepts.
+    pub from: Vec<Origin>,
+    /// What the call gets when no such source holds the value.
+    pub otherwise: Otherwise,
+}
+
+fn position_body(p: &PositionExplanation) -> PositionBody {
+    PositionBody {
+        path: p.path.clone(),
+        fill: match p.fill {
+            Fill::Literal => FillBody::Literal,
+            Fill::Binding => FillBody::Binding,
+            Fill::Absent => FillBody::Absent,
+            Fill::Mismatch => FillBody::Mismatch,
+        },
+        reason: p.reason.to_string(),
+        binding: p.binding.as_ref().map(|b| BindingBody {
+            step: b.step.clone(),
+            step_action: b.step_action.clone(),
+            step_origins: b.step_origins.clone(),
+            from: b.from.clone(),
+            otherwise: b.otherwise,
+            matching: b.matching,
+            unmet: b
+                .unmet
+                .iter()
+                .map(|u| UnmetBody {
+                    by: match u.by {
+                        ConstraintBy::Rule => "rule",
+                        ConstraintBy::Binding => "binding",
+                    }
+                    .to_owned(),
+                    from: u.from.clone(),
+                    otherwise: u.otherwise,
+                })
+                .collect(),
+        }),
+        explain: p.explain.clone(),
+    }
+}
+
+impl From<&StepExplanation> for StepProvenanceBody {
+    fn from(s: &StepExplanation) -> Self {
+        Self {
+            step_id: s.step_id.clone(),
+            action: s.action.clone(),
+            known_action: s.known_action,
+            outbound_read: s.outbound_read,
+            result_origins: s.result_origins.clone(),
+            rules: s
+                .rules
+                .iter()
+                .map(|r| RuleProvenanceBody {
+                    argument: r.argument.clone(),
+                    from: r.from.clone(),
+                    otherwise: r.otherwise,
+                    matching: r.matching,
+                    within: r.within,
+                    rule: r.rule.clone(),
+                    positions: r.positions.iter().map(position_body).collect(),
+                })
+                .collect(),
+            unguarded: s.unguarded.iter().map(position_body).collect(),
+            findings: s.findings.iter().map(ToString::to_string).collect(),
+        }
+    }
+}
+
+/// Every step's provenance explanation.
+pub fn step_provenance(p: &PlanExplanation) -> Vec<StepProvenanceBody> {
+    p.steps.iter().map(Into::into).collect()
 }
 
 /// One step of an admitted run.

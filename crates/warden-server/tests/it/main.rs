@@ -18,3 +18,4 @@ mod routes;
 mod scenario;
 mod sessions;
 mod support;
+mod validate;

@@ -90,6 +90,7 @@
 mod declassify;
 mod delegation;
 mod escalation;
+mod import;
 mod run;
 
 pub(crate) use run::ContextGate;

@@ -5,11 +5,11 @@ use serde_json::{Value, json};
 use warden_core::audit::AuditDraft;
 use warden_core::decision::{Decision, Verdict};
 use warden_core::envelope::{
-    ContextGate as CoreGate, Envelope, EnvelopeError, EnvelopeId, WorkflowId,
+    ContextGate as CoreGate, ContextRequest, Envelope, EnvelopeError, EnvelopeId, WorkflowId,
 };
-use warden_core::gate::{GateCall, GateContext, PlanUse, Verdicts, assess};
+use warden_core::gate::{GateCall, GateContext, PlanUse, Verdicts, assess, literal_origins};
 use warden_core::ids::{AgentId, Label, RunId};
-use warden_core::provenance::{FingerprintKey, SourceIndex};
+use warden_core::provenance::{FingerprintKey, OriginSet, SourceIndex};
 use warden_core::time::Timestamp;
 use warden_store::{
     EscalationTarget, PutEnvelope, RunRecord, RunStep, StepOutcome, StepStatus, Store,
@@ -34,43 +34,64 @@ impl<S: Store> Engine<S> {
         run_id: &RunId,
         now: Timestamp,
     ) -> Result<(Envelope, AuditDraft), EngineError> {
-        let policy = self
-            .context_policy()
-            .ok_or_else(|| EngineError::not_found(Missing::RunEnvelope, run_id.to_string()))?;
-        let caller = Caller::Agent(actor.clone());
-        let inherited = self.read_state()?.envelopes.get(actor).cloned();
+        let workflow =
+            WorkflowId::parse(run_id.as_str()).map_err(|e| identifier_error("run_id", e))?;
+        self.open_workflow_envelope(
+            &Caller::Agent(actor.clone()),
+            actor,
+            workflow,
+            json!({"run_id": run_id}),
+            now,
+        )
+        .await?
+        .ok_or_else(|| EngineError::not_found(Missing::RunEnvelope, run_id.to_string()))
+    }
+
+    /// The envelope a new run or session of `agent` starts with, and the
+    /// entry recording its opening (not stored yet): the one way both open
+    /// one. Delegated from the agent's inherited envelope (same
+    /// restrictions, sensitivity at least as high) if it holds one, else a
+    /// new root for `workflow`. `None` without a `context:` policy. `extra`
+    /// (the run or session id) joins the entry's details.
+    pub(crate) async fn open_workflow_envelope(
+        &self,
+        caller: &Caller,
+        agent: &AgentId,
+        workflow: WorkflowId,
+        extra: Value,
+        now: Timestamp,
+    ) -> Result<Option<(Envelope, AuditDraft)>, EngineError> {
+        let Some(policy) = self.context_policy() else {
+            return Ok(None);
+        };
+        let inherited = self.read_state()?.envelopes.get(agent).cloned();
         let id = new_envelope_id()?;
-        let extra = json!({"run_id": run_id});
-        match inherited {
-            Some(source) => {
-                let source = self.load_envelope(policy, &source).await?;
-                let (envelope, t) = source.delegate(policy, actor.clone(), id, &[], false)?;
-                let draft = self.transition_draft(&caller, ops::CONTEXT_OPEN, &t, extra, now);
-                Ok((envelope, draft))
-            }
-            None => {
-                let workflow = WorkflowId::parse(run_id.as_str())
-                    .map_err(|e| identifier_error("run_id", e))?;
-                let envelope = Envelope::root(policy, id, workflow, actor.clone());
-                let d = self.decision(
-                    &caller,
-                    Verdict::Allow,
-                    er::CONTEXT_CREATED,
-                    ops::CONTEXT_OPEN,
-                    envelope.envelope_id().to_string(),
-                    now,
-                );
-                let draft = self.draft(&d).with_details(json!({
-                    "run_id": run_id,
-                    "envelope_id": envelope.envelope_id(),
-                    "workflow_id": envelope.workflow_id(),
-                    "agent_id": envelope.agent_id(),
-                    "version": envelope.version(),
-                    "classification": envelope.aggregate_sensitivity(),
-                }));
-                Ok((envelope, draft))
-            }
+        if let Some(source) = inherited {
+            let source = self.load_envelope(policy, &source).await?;
+            let (envelope, t) = source.delegate(policy, agent.clone(), id, &[], false)?;
+            let draft = self.transition_draft(caller, ops::CONTEXT_OPEN, &t, extra, now);
+            return Ok(Some((envelope, draft)));
         }
+        let envelope = Envelope::root(policy, id, workflow, agent.clone());
+        let d = self.decision(
+            caller,
+            Verdict::Allow,
+            er::CONTEXT_CREATED,
+            ops::CONTEXT_OPEN,
+            envelope.envelope_id().to_string(),
+            now,
+        );
+        let mut details = json!({
+            "envelope_id": envelope.envelope_id(),
+            "workflow_id": envelope.workflow_id(),
+            "agent_id": envelope.agent_id(),
+            "version": envelope.version(),
+            "classification": envelope.aggregate_sensitivity(),
+        });
+        if let (Value::Object(d), Value::Object(more)) = (&mut details, extra) {
+            d.extend(more);
+        }
+        Ok(Some((envelope, self.draft(&d).with_details(details))))
     }
 
     /// The gate of one step, after the run's own checks (order, a stopped
@@ -276,13 +297,16 @@ impl<S: Store> Engine<S> {
     /// obligations. Without it the gate is decided here, against the
     /// envelope as it stands: for a run's step that is how a bypass is
     /// detected; a session's call is gated by its record instead.
-    /// `extra` joins the transition's audit details.
+    /// `origins` are the call's argument origins for that decision (a
+    /// run's step: every value a plan literal). `extra` joins the
+    /// transition's audit details.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn fold_labels(
         &self,
         caller: &Caller,
         envelope_id: &EnvelopeId,
         action: &str,
+        origins: &[OriginSet],
         reported: &[Label],
         gated: Option<&Gated>,
         extra: Value,
@@ -300,8 +324,12 @@ impl<S: Store> Engine<S> {
             Some(g) => (g.gate.clone(), Some(g.envelope.clone())),
             None => {
                 let before = self.load_envelope(policy, envelope_id).await?;
+                let request = ContextRequest::Call {
+                    action: self.action_ref(action),
+                    arguments: origins,
+                };
                 (
-                    CoreGate::decide(&before, policy, self.action_ref(action)),
+                    CoreGate::decide_request(&before, policy, &request),
                     Some(before),
                 )
             }
@@ -362,10 +390,12 @@ impl<S: Store> Engine<S> {
         let (Some(_), Some(envelope_id)) = (self.context_policy(), &run.envelope_id) else {
             return Ok(None);
         };
+        let arguments = Value::Object(crate::steps::step_arguments(run, &step.step_id));
         self.fold_labels(
             &Caller::Agent(actor.clone()),
             envelope_id,
             step.action.as_str(),
+            &literal_origins(&arguments),
             reported,
             gated,
             json!({"run_id": run.run_id, "step_id": step.step_id}),

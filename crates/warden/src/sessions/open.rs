@@ -5,9 +5,10 @@ use serde_json::{Value, json};
 use warden_core::audit::AuditDraft;
 use warden_core::decision::{Decision, Reason, Verdict, reasons};
 use warden_core::envelope::sign::SignedEnvelope;
-use warden_core::envelope::{Envelope, EnvelopeRecord, WorkflowId};
+use warden_core::envelope::{Envelope, WorkflowId};
 use warden_core::ids::{AgentId, SessionId};
 use warden_core::plan::Plan;
+use warden_core::preflight::RunContext;
 use warden_core::provenance::{SourceId, SourceIndex};
 use warden_store::{
     CreateSession, EnvelopeImport, ImportRefusal, SessionRecord, SessionState, SessionStatus,
@@ -154,7 +155,7 @@ impl<S: Store> Engine<S> {
         }
         // The plan, whole.
         if let Some(plan) = &plan {
-            let reasons = self.plan_preflight(&agent, plan)?;
+            let reasons = self.plan_preflight(&agent, plan, None)?;
             if !reasons.is_empty() {
                 let d = refuse(sr::PLAN_REJECTED);
                 let details = json!({
@@ -206,6 +207,36 @@ impl<S: Store> Engine<S> {
                 });
             }
         };
+        // The plan against the starting envelope: a step its restrictions
+        // already deny could never run (restrictions never shrink), so the
+        // plan is refused now, before anything is created.
+        if let (Some(plan), Some(envelope), Some(policy)) =
+            (&plan, &envelope, self.context_policy())
+        {
+            let run = RunContext { envelope, policy };
+            let reasons = self.plan_preflight(&agent, plan, Some(run))?;
+            if !reasons.is_empty() {
+                let d = refuse(sr::PLAN_REJECTED);
+                let details = json!({
+                    "agent_id": agent,
+                    "reasons": Self::reason_list(&reasons),
+                    "plan_hash": plan.hash().to_hex(),
+                    "envelope": {
+                        "restrictions": envelope.to_record().restrictions,
+                        "imported_from": import.as_ref().map(|i| &i.issuer),
+                    },
+                });
+                self.inner
+                    .store
+                    .append_audit(vec![self.draft(&d).with_details(details)])
+                    .await?;
+                return Ok(SessionOpening::Refused {
+                    decision: d,
+                    refusal: SessionRefusal::Plan { reasons },
+                });
+            }
+        }
+        let envelope = envelope.map(|e| e.to_record());
         // The index: trusted inputs, plan literals.
         let key = self.session_key(&session_id)?;
         let mut index = SourceIndex::with_limits(key, self.index_limits());
@@ -374,14 +405,7 @@ impl<S: Store> Engine<S> {
         imported: Option<SignedEnvelope>,
         now: warden_core::time::Timestamp,
     ) -> Result<
-        Result<
-            (
-                Option<EnvelopeRecord>,
-                Option<EnvelopeImport>,
-                Option<AuditDraft>,
-            ),
-            (Reason, Value),
-        >,
+        Result<(Option<Envelope>, Option<EnvelopeImport>, Option<AuditDraft>), (Reason, Value)>,
         EngineError,
     > {
         let Some(policy) = self.context_policy() else {
@@ -432,41 +456,29 @@ impl<S: Store> Engine<S> {
                 session_id: session_id.clone(),
                 at: now,
             };
-            return Ok(Ok((Some(envelope.to_record()), Some(import), Some(draft))));
+            return Ok(Ok((Some(envelope), Some(import), Some(draft))));
         }
-        let inherited = self.read_state()?.envelopes.get(agent).cloned();
-        match inherited {
-            Some(source) => {
-                let source = self.load_envelope(policy, &source).await?;
-                let (envelope, t) = source.delegate(policy, agent.clone(), id, &[], false)?;
-                let draft = self.transition_draft(caller, ops::CONTEXT_OPEN, &t, extra, now);
-                Ok(Ok((Some(envelope.to_record()), None, Some(draft))))
-            }
-            None => {
-                let workflow = WorkflowId::parse(session_id.as_str())
-                    .map_err(|e| EngineError::input("session_id", e))?;
-                let envelope = Envelope::root(policy, id, workflow, agent.clone());
-                let d = self.decision(
-                    caller,
-                    Verdict::Allow,
-                    crate::engine::engine_reasons::CONTEXT_CREATED,
-                    ops::CONTEXT_OPEN,
-                    envelope.envelope_id().to_string(),
-                    now,
-                );
-                let draft = self.draft(&d).with_details(json!({
-                    "session_id": session_id,
-                    "envelope_id": envelope.envelope_id(),
-                    "agent_id": agent,
-                    "version": envelope.version(),
-                }));
-                Ok(Ok((Some(envelope.to_record()), None, Some(draft))))
-            }
-        }
+        let workflow = WorkflowId::parse(session_id.as_str())
+            .map_err(|e| EngineError::input("session_id", e))?;
+        let opened = self
+            .open_workflow_envelope(caller, agent, workflow, extra, now)
+            .await?;
+        Ok(Ok(match opened {
+            Some((envelope, draft)) => (Some(envelope), None, Some(draft)),
+            None => (None, None, None),
+        }))
     }
 
-    /// Every reason the plan's preflight refuses (empty: admitted).
-    fn plan_preflight(&self, agent: &AgentId, plan: &Plan) -> Result<Vec<Reason>, EngineError> {
+    /// Every reason the plan's admission refuses (empty: admitted): its
+    /// static checks, and with `run` every step against the session's
+    /// starting envelope (`restricted_by:<label>`), as a run's admission
+    /// does.
+    fn plan_preflight(
+        &self,
+        agent: &AgentId,
+        plan: &Plan,
+        run: Option<RunContext<'_>>,
+    ) -> Result<Vec<Reason>, EngineError> {
         let now = self.now();
         let state = self.read_state()?;
         let ctx = warden_core::preflight::PreflightContext {
@@ -474,7 +486,7 @@ impl<S: Store> Engine<S> {
             catalogue: &self.policy().catalogue,
             policy_version: &self.policy().version,
         };
-        let preflight = warden_core::plan::admit_plan(&ctx, agent, plan, None, now);
+        let preflight = warden_core::plan::admit_plan(&ctx, agent, plan, run, now);
         let mut out = Vec::new();
         for step in preflight.rejected() {
             for r in &step.violations {

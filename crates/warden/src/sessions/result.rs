@@ -216,6 +216,10 @@ impl<S: Store> Engine<S> {
                 caller,
                 envelope_id,
                 call.action.as_str(),
+                // The call's record proves it passed the gate; no argument
+                // origins are needed (a restriction applied by origin does
+                // not touch the labels the outcome carries).
+                &[],
                 reported,
                 None,
                 extra,

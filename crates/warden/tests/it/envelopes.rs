@@ -1962,6 +1962,7 @@ fn random_delegation_trees() {
                 let options = DelegationOptions {
                     from_run: d.from_run.then(|| rid(&parent_run)),
                     from_session: None,
+                    from_envelope: None,
                     zone: d.external.then_some(TrustZone::External),
                     restrictions: ls(&d.declared),
                     redact_labels: d.redact,

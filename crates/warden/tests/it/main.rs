@@ -16,6 +16,8 @@ mod properties;
 mod quotas;
 mod runs_as_plans;
 mod session_memory;
+mod session_plans;
 mod session_properties;
+mod session_restrictions;
 mod sessions;
 mod support;

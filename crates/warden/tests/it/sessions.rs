@@ -803,4 +803,92 @@ mod imported {
         let ok = open_from(&engine, "i7", token(&engine, 7, &["no_payments"], &KEY)).await;
         assert!(matches!(ok, SessionOpening::Opened { .. }));
     }
+
+    /// Delegate `child` of `agent` from `t`.
+    async fn delegate_from(
+        engine: &Engine<Shared>,
+        child: &str,
+        t: warden_core::envelope::sign::SignedEnvelope,
+    ) -> warden::Registration {
+        engine
+            .register_agent_with(
+                &agent(),
+                warden::RegisterAgent {
+                    id: id(child),
+                    parent: Some(id("agent")),
+                    capabilities: ["read_file", "send_money"]
+                        .iter()
+                        .map(|a| warden_core::ids::ActionName::parse(a).unwrap())
+                        .collect(),
+                    tools: None,
+                    config: None,
+                },
+                warden::DelegationOptions {
+                    from_envelope: Some(t),
+                    ..warden::DelegationOptions::default()
+                },
+            )
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_child_delegated_from_an_imported_envelope_is_bound_by_it_and_replays_are_refused() {
+        let engine = engine().await;
+        let t = token(&engine, 3, &["no_payments"], &KEY);
+        let out = delegate_from(&engine, "importer", t.clone()).await;
+        let warden::Registration::Registered { agent: view, .. } = out else {
+            panic!("{out:?}");
+        };
+        // The imported restriction removed the authority it denies.
+        let caps: Vec<String> = view
+            .effective_capabilities
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert!(caps.contains(&"read_file".to_owned()), "{caps:?}");
+        assert!(!caps.contains(&"send_money".to_owned()), "{caps:?}");
+        // The child's envelope carries the imported restriction: a session
+        // of the child starts from it.
+        let opened = engine
+            .open_session(
+                &agent(),
+                OpenSession {
+                    session_id: Some(sid("child-s")),
+                    agent: Some(id("importer")),
+                    trusted_inputs: vec![json!("read the bill")],
+                    ..OpenSession::default()
+                },
+            )
+            .await
+            .unwrap();
+        let SessionOpening::Opened { session, .. } = opened else {
+            panic!("{opened:?}");
+        };
+        let env = session.envelope.unwrap();
+        assert!(
+            env.restrictions.iter().any(|r| r.as_str() == "no_payments"),
+            "{env:?}"
+        );
+        // The same token for another child is a replay: refused, nothing
+        // created.
+        let again = delegate_from(&engine, "second", t).await;
+        let warden::Registration::Refused { decision, .. } = again else {
+            panic!("{again:?}");
+        };
+        assert_eq!(decision.reason.as_str(), "envelope_replayed");
+        assert!(engine.agent(&id("second")).is_err());
+        // A forged token: refused, nothing created.
+        let forged = delegate_from(
+            &engine,
+            "third",
+            token(&engine, 9, &["no_payments"], &[9u8; 32]),
+        )
+        .await;
+        let warden::Registration::Refused { decision, .. } = forged else {
+            panic!("{forged:?}");
+        };
+        assert_eq!(decision.reason.as_str(), "envelope_forged");
+        assert!(engine.agent(&id("third")).is_err());
+    }
 }

@@ -17,12 +17,15 @@ use super::{
     NO_MEMORY_WRITE, Sensitivity, TAG_EXPORT, Vocab,
 };
 use crate::ids::{ActionName, Label};
+use crate::provenance::OriginSet;
 
 #[derive(Default)]
 struct RestrictionDraft {
     tags: BTreeSet<Label>,
     actions: BTreeSet<ActionName>,
     delegation: Option<DelegationScope>,
+    escalate: bool,
+    when_from: Option<OriginSet>,
 }
 
 /// A label from a literal that is a valid identifier.
@@ -110,6 +113,15 @@ impl ContextPolicy {
             by_action: NameIndex::new(index.by_action.iter().map(|(a, b)| (a.as_str(), *b))),
             deny_external_delegation: index.deny_external_delegation,
             deny_all_delegation: index.deny_all_delegation,
+            escalating: index.escalating,
+            conditional_bits: index.conditional.iter().fold(
+                RestrictionBits::EMPTY,
+                |mut b, (i, _)| {
+                    b.insert(*i);
+                    b
+                },
+            ),
+            conditional: index.conditional,
             declassifiers: spec.declassifiers.iter().cloned().collect(),
         })
     }
@@ -120,7 +132,19 @@ fn restriction_drafts(
     spec: &ContextPolicySpec,
 ) -> Result<BTreeMap<Label, RestrictionDraft>, ContextPolicyError> {
     let mut drafts = builtin_restrictions();
+    let builtin: BTreeSet<Label> = drafts.keys().cloned().collect();
     for (name, rs) in &spec.restrictions {
+        let weakens = !rs.verdict.is_deny() || !rs.when_arguments_from.is_empty();
+        if weakens && builtin.contains(name) {
+            return Err(ContextPolicyError::BuiltinWeakened {
+                restriction: name.clone(),
+            });
+        }
+        if !rs.when_arguments_from.is_empty() && rs.denies_delegation.is_some() {
+            return Err(ContextPolicyError::ConditionalDelegation {
+                restriction: name.clone(),
+            });
+        }
         if rs.denies_tags.is_empty()
             && rs.denies_actions.is_empty()
             && rs.denies_delegation.is_none()
@@ -133,6 +157,9 @@ fn restriction_drafts(
         d.tags.extend(rs.denies_tags.iter().cloned());
         d.actions.extend(rs.denies_actions.iter().cloned());
         d.delegation = d.delegation.max(rs.denies_delegation);
+        d.escalate = !rs.verdict.is_deny();
+        d.when_from =
+            (!rs.when_arguments_from.is_empty()).then(|| OriginSet::of(&rs.when_arguments_from));
     }
     if drafts.len() > ContextPolicy::MAX_RESTRICTIONS {
         return Err(ContextPolicyError::TooManyRestrictions {
@@ -315,6 +342,8 @@ struct RestrictionIndex {
     by_action: BTreeMap<ActionName, RestrictionBits>,
     deny_external_delegation: RestrictionBits,
     deny_all_delegation: RestrictionBits,
+    escalating: RestrictionBits,
+    conditional: Vec<(usize, OriginSet)>,
 }
 
 impl RestrictionIndex {
@@ -324,8 +353,16 @@ impl RestrictionIndex {
             by_action: BTreeMap::new(),
             deny_external_delegation: RestrictionBits::EMPTY,
             deny_all_delegation: RestrictionBits::EMPTY,
+            escalating: RestrictionBits::EMPTY,
+            conditional: Vec::new(),
         };
         for (i, draft) in drafts.values().enumerate() {
+            if draft.escalate {
+                index.escalating.insert(i);
+            }
+            if let Some(from) = draft.when_from {
+                index.conditional.push((i, from));
+            }
             for t in &draft.tags {
                 index.by_tag.entry(t.clone()).or_default().insert(i);
             }

@@ -57,6 +57,22 @@ pub enum ContextPolicyError {
         /// The restriction.
         restriction: Label,
     },
+    /// A restriction applied by origin that also denies delegation.
+    #[error(
+        "restriction `{restriction}`: `when_arguments_from` applies to actions; a restriction that denies delegation cannot be conditional"
+    )]
+    ConditionalDelegation {
+        /// The restriction.
+        restriction: Label,
+    },
+    /// A declaration of a built-in restriction that would weaken it.
+    #[error(
+        "restriction `{restriction}` is built in and always denies; declare a restriction of another name to escalate or to apply by origin"
+    )]
+    BuiltinWeakened {
+        /// The restriction.
+        restriction: Label,
+    },
     /// `backstop.min_labels` is 0.
     #[error("backstop `min_labels` must be at least 1")]
     BackstopMinLabels,

@@ -22,8 +22,8 @@ pub use error::ContextPolicyError;
 pub use sensitivity::Sensitivity;
 pub use spec::{
     AggregationRuleSpec, BackstopSpec, BackstopVerdict, ContextPolicySpec, DelegationScope,
-    NO_EXTERNAL_DELEGATION, NO_EXTERNAL_EXPORT, NO_MEMORY_WRITE, RestrictionSpec, TAG_EXPORT,
-    TAG_EXTERNAL, TrustZone,
+    NO_EXTERNAL_DELEGATION, NO_EXTERNAL_EXPORT, NO_MEMORY_WRITE, RestrictionSpec,
+    RestrictionVerdict, TAG_EXPORT, TAG_EXTERNAL, TrustZone,
 };
 pub use vocab::NameSet;
 pub(crate) use vocab::Vocab;
@@ -31,6 +31,7 @@ pub(crate) use vocab::Vocab;
 use super::bits::{LabelBits, RestrictionBits, RuleBits};
 use super::names::NameIndex;
 use crate::ids::{AgentId, Label};
+use crate::provenance::OriginSet;
 
 #[derive(Debug, Clone)]
 struct CompiledRule {
@@ -79,6 +80,12 @@ pub struct ContextPolicy {
     by_tag: NameIndex<RestrictionBits>,
     /// Action name -> restrictions denying it.
     by_action: NameIndex<RestrictionBits>,
+    /// Restrictions whose verdict is `escalate`.
+    escalating: RestrictionBits,
+    /// Restrictions applied by origin, with the origins they name.
+    conditional: Vec<(usize, OriginSet)>,
+    /// The restrictions of `conditional`.
+    conditional_bits: RestrictionBits,
     /// Restrictions denying external delegation (`external` or `all`).
     deny_external_delegation: RestrictionBits,
     /// Restrictions denying every delegation (`all`).
@@ -248,6 +255,28 @@ impl ContextPolicy {
             .fold(self.by_action.get(name).unwrap_or_default(), |acc, t| {
                 acc.union(self.by_tag.get(t.as_str()).unwrap_or_default())
             })
+    }
+
+    /// Restrictions whose verdict is `escalate`.
+    pub(crate) fn escalating(&self) -> RestrictionBits {
+        self.escalating
+    }
+
+    /// Restrictions applied by origin, with the origins each names.
+    pub(crate) fn conditional(&self) -> &[(usize, OriginSet)] {
+        &self.conditional
+    }
+
+    /// Restrictions that do not always deny what they cover: escalating
+    /// ones and those applied by origin.
+    pub(crate) fn not_always_denying(&self) -> RestrictionBits {
+        self.conditional_bits.union(self.escalating)
+    }
+
+    /// Whether some restriction is applied by origin (then a call's
+    /// argument origins matter to the envelope).
+    pub fn has_conditional_restrictions(&self) -> bool {
+        !self.conditional.is_empty()
     }
 
     /// Restrictions that deny a delegation into `zone`.

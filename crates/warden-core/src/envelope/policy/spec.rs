@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Sensitivity;
 use crate::ids::{ActionName, AgentId, Label};
+use crate::provenance::Origin;
 
 /// Built-in restriction: denies actions tagged `export`.
 pub const NO_EXTERNAL_EXPORT: &str = "no_external_export";
@@ -131,10 +132,34 @@ pub enum BackstopVerdict {
     Deny,
 }
 
-/// What a restriction denies. At least one field must be given.
+/// What a restriction covers, and what it answers. At least one of
+/// `denies_tags`, `denies_actions`, `denies_delegation` must be given.
+///
+/// ```yaml
+/// restrictions:
+///   # The per-value form of "no export after untrusted content": an
+///   # export escalates only when one of its argument values came from
+///   # nothing but untrusted content (or from nowhere: composed by the
+///   # model); an export of what the user gave proceeds.
+///   untrusted_export: {denies_tags: [export], when_arguments_from: [untrusted, none], verdict: escalate}
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RestrictionSpec {
+    /// What the restriction answers for what it covers: `deny` (the
+    /// default) or `escalate` (a human decides; an approval lets the call
+    /// proceed once).
+    #[serde(default, skip_serializing_if = "RestrictionVerdict::is_deny")]
+    pub verdict: RestrictionVerdict,
+    /// The per-value form: the restriction covers a call of an action it
+    /// names only when some value of the call's arguments comes from
+    /// nothing but these origins (every origin found for the value is
+    /// listed), e.g. `[untrusted, none]`. A run's step and an SOP at
+    /// admission are plan literals (origin `plan`); a request whose
+    /// argument origins are unknown is covered (fails closed). Applies to
+    /// actions only, not to delegation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub when_arguments_from: Vec<Origin>,
     /// Actions carrying any of these catalogue tags are denied.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub denies_tags: Vec<Label>,
@@ -144,6 +169,24 @@ pub struct RestrictionSpec {
     /// Delegations this restriction denies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub denies_delegation: Option<DelegationScope>,
+}
+
+/// What a restriction answers for what it covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RestrictionVerdict {
+    /// Refuse (`restricted_by:<restriction>`).
+    #[default]
+    Deny,
+    /// Hold for human review (`restricted_by:<restriction>`).
+    Escalate,
+}
+
+impl RestrictionVerdict {
+    /// Whether it is `deny`.
+    pub fn is_deny(&self) -> bool {
+        *self == RestrictionVerdict::Deny
+    }
 }
 
 /// Which delegations a restriction denies.

@@ -2,6 +2,7 @@
 //! enforcement, the Python reference's canonical streams, delegation and
 //! declassification.
 
+mod by_origin;
 mod customer;
 mod declassify;
 mod delegation;
