@@ -72,10 +72,14 @@ pub(crate) fn who(s: &Subject) -> String {
 
 /// A reason code with its plain-language text.
 pub(crate) fn reason(code: &str) -> String {
+    let words = explain(code);
+    if words == code {
+        return format!("<span class=\"reason\"><code>{}</code></span>", esc(code));
+    }
     format!(
         "<span class=\"reason\"><code>{}</code> <span class=\"explain\">{}</span></span>",
         esc(code),
-        esc(&explain(code))
+        esc(&words)
     )
 }
 

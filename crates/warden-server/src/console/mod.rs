@@ -11,7 +11,8 @@
 //! for the cookie, CSRF and expiry.
 //!
 //! Every answer carries a strict Content-Security-Policy (no inline
-//! script or style), `nosniff`, `no-referrer`, `frame-ancestors 'none'`
+//! script or style), `nosniff`, `Referrer-Policy: same-origin` (so a
+//! browser's own form posts carry their `Origin`), `frame-ancestors 'none'`
 //! and `no-store`. A POST from another origin (`Origin` not this host) is
 //! refused before anything else.
 
@@ -110,7 +111,7 @@ async fn security_headers(mut r: Response) -> Response {
     );
     h.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));

@@ -113,7 +113,7 @@ fn audit_table(entries: &[&AuditEntry]) -> String {
         let d = &e.draft;
         let _ = write!(
             t,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td class=\"time\">{}</td><td>{}</td><td><code>{}</code></td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
             e.seq,
             time(d.time),
             esc(&d.subject),
@@ -894,7 +894,9 @@ pub(crate) async fn memory<S: Store>(
             audit
                 .iter()
                 .filter(|e| e.draft.operation == warden::ops::MEMORY_WRITE)
-                .filter_map(|e| e.draft.resource.split_once('.'))
+                // `owner:namespace.key`
+                .filter_map(|e| e.draft.resource.split_once(':'))
+                .filter_map(|(_, name)| name.split_once('.'))
                 .map(|(n, k)| (n.to_owned(), k.to_owned())),
         ),
         Err(e) => return failed(&v, &e),

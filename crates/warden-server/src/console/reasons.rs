@@ -49,6 +49,10 @@ const TABLE: &[(&str, &str)] = &[
         "binding_not_satisfied",
         "a planned value does not occur in the result it was bound to",
     ),
+    (
+        "bundle_seed",
+        "set up from the policy bundle when the store was created",
+    ),
     ("call_allowed", "the call was allowed"),
     ("call_failed", "the tool reported an error"),
     (
