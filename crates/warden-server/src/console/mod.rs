@@ -89,6 +89,8 @@ pub(crate) fn router<S: Store>(app: AppState<S>) -> Router {
         .route("/memory", get(pages::memory::<S>))
         .route("/sessions", get(pages::sessions::<S>))
         .route("/sessions/{id}", get(pages::session::<S>))
+        .route("/runs", get(pages::run_lookup::<S>))
+        .route("/runs/{id}", get(pages::run::<S>))
         .route("/audit", get(pages::audit::<S>))
         .route("/audit/export", get(pages::audit_export::<S>))
         .route("/assets/console.css", get(css))

@@ -11,10 +11,10 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::Value;
-use warden::{Caller, EngineError, Revocation};
+use warden::{Caller, EngineError, Revocation, RunAccess, RunVisibility};
 use warden_core::audit::AuditEntry;
 use warden_core::decision::Subject;
-use warden_core::ids::{AgentId, Key, Namespace, SessionId, check_identifier};
+use warden_core::ids::{AgentId, Key, Namespace, RunId, SessionId, check_identifier};
 use warden_core::memory::{MemoryRecord, RecordClass, Resolution, resolve};
 use warden_store::{EscalationRecord, EscalationStatus, EscalationTarget, Store, StoredAgent};
 
@@ -198,13 +198,12 @@ fn provenance_table(provenance: &Value) -> String {
 
 fn target_text(t: &EscalationTarget) -> String {
     match t {
-        EscalationTarget::Step { run_id, step_id } => {
-            format!(
-                "step <code>{}</code> of run <code>{}</code>",
-                esc(step_id.as_str()),
-                esc(run_id.as_str())
-            )
-        }
+        EscalationTarget::Step { run_id, step_id } => format!(
+            "step <code>{}</code> of run <a href=\"/console/runs/{}\"><code>{}</code></a>",
+            esc(step_id.as_str()),
+            url_part(run_id.as_str()),
+            esc(run_id.as_str())
+        ),
         EscalationTarget::Call {
             session_id,
             call_id,
@@ -1045,6 +1044,10 @@ pub(crate) async fn sessions<S: Store>(
         }
     }
     let mut body = agent_picker(&agents, filter.as_ref(), "/console/sessions");
+    body.push_str(
+        "<form method=\"get\" action=\"/console/runs\" class=\"picker\"><label for=\"run\">Run id</label>\
+         <input id=\"run\" name=\"run\" required><button type=\"submit\">Open run</button></form>",
+    );
     if records.is_empty() {
         body.push_str("<p>No sessions.</p>");
     } else {
@@ -1142,29 +1145,7 @@ pub(crate) async fn session<S: Store>(
         );
     }
     body.push_str("</ol><h2>Envelope</h2>");
-    match (&s.envelope_id, &view.envelope) {
-        (Some(env), Some(latest)) => {
-            body.push_str(
-                "<div class=\"scroll\"><table><thead><tr><th>Version</th><th>Sensitivity</th><th>Labels</th>\
-                 <th>Derived</th><th>Restrictions</th></tr></thead><tbody>",
-            );
-            for ver in 1..=latest.version {
-                if let Ok(Some(r)) = engine.envelope(env, Some(ver)).await {
-                    let _ = write!(
-                        body,
-                        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                        r.version,
-                        esc(r.aggregate_sensitivity.as_str()),
-                        list(r.labels.iter().map(|l| l.as_str().to_owned())),
-                        list(r.derived.iter().map(|l| l.as_str().to_owned())),
-                        list(r.restrictions.iter().map(|l| l.as_str().to_owned()))
-                    );
-                }
-            }
-            body.push_str("</tbody></table></div>");
-        }
-        _ => body.push_str("<p>This session has no context envelope.</p>"),
-    }
+    body.push_str(&envelope_versions(&c, s.envelope_id.as_ref()).await);
     ok(&v, Section::Sessions, &format!("Session {sid}"), &body)
 }
 
@@ -1364,4 +1345,134 @@ pub(crate) async fn audit_export<S: Store>(
         HeaderValue::from_static("attachment; filename=\"warden-audit.jsonl\""),
     );
     r
+}
+
+#[derive(Deserialize)]
+pub(crate) struct RunQuery {
+    run: Option<String>,
+}
+
+/// `GET /console/runs?run=…`: to the run's page.
+pub(crate) async fn run_lookup<S: Store>(
+    State(c): State<Console<S>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    Query(q): Query<RunQuery>,
+) -> Response {
+    let v = match c.viewer(&method, &uri, &headers).await {
+        Ok(v) => v,
+        Err(r) => return *r,
+    };
+    match q.run.as_deref().map(str::trim).map(RunId::parse) {
+        Some(Ok(run)) => see_other(&format!("/console/runs/{}", url_part(run.as_str()))),
+        _ => not_found(&v),
+    }
+}
+
+/// `GET /console/runs/{id}`: a run's steps with each outcome, and its
+/// envelope's versions (the run's agent, an ancestor, the operator).
+pub(crate) async fn run<S: Store>(
+    State(c): State<Console<S>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let v = match c.viewer(&method, &uri, &headers).await {
+        Ok(v) => v,
+        Err(r) => return *r,
+    };
+    let Ok(run_id) = RunId::parse(&id) else {
+        return not_found(&v);
+    };
+    let engine = c.app.engine();
+    match engine
+        .run_visibility(
+            &v.caller,
+            &run_id,
+            warden::ops::CONTEXT_READ,
+            RunAccess::OwnerOrAncestor,
+        )
+        .await
+    {
+        Ok(RunVisibility::Visible(_)) => {}
+        Ok(RunVisibility::Hidden { .. }) => return not_found(&v),
+        Err(e) => return failed(&v, &e),
+    }
+    let state = match engine.store().get_run(run_id.clone()).await {
+        Ok(Some(s)) => s,
+        Ok(None) => return not_found(&v),
+        Err(e) => return failed(&v, &EngineError::from(e)),
+    };
+    let r = &state.run;
+    let mut body = format!(
+        "<dl class=\"facts\"><dt>Agent</dt><dd><code>{}</code></dd><dt>Admitted</dt><dd>{}</dd>\
+         <dt>Policy</dt><dd><code>{}</code></dd></dl><h2>Steps</h2><ol class=\"timeline\">",
+        esc(r.agent.as_str()),
+        time(r.created_at),
+        esc(&r.policy_version)
+    );
+    for step in &r.steps {
+        let outcome = state.outcomes.get(&step.step_id);
+        let status = outcome.map_or("not begun".to_owned(), |o| {
+            format!("{:?}", o.status).to_lowercase()
+        });
+        let _ = write!(
+            body,
+            "<li class=\"call\"><h3><code>{}</code> <code>{}</code> <span class=\"badge s-{st}\">{st}</span></h3>",
+            esc(step.step_id.as_str()),
+            esc(step.action.as_str()),
+            st = esc(&status)
+        );
+        if let Some(o) = outcome {
+            let _ = write!(
+                body,
+                "<p>Recorded {}{} · result labels: {}</p>",
+                time(o.recorded_at),
+                o.error
+                    .as_deref()
+                    .map(|e| format!(" · {}", reason(e)))
+                    .unwrap_or_default(),
+                list(o.labels.iter().map(|l| l.as_str().to_owned()))
+            );
+        }
+        body.push_str("</li>");
+    }
+    body.push_str("</ol><h2>Envelope</h2>");
+    body.push_str(&envelope_versions(&c, r.envelope_id.as_ref()).await);
+    ok(&v, Section::Sessions, &format!("Run {run_id}"), &body)
+}
+
+/// Every version of an envelope, oldest first.
+async fn envelope_versions<S: Store>(
+    c: &Console<S>,
+    id: Option<&warden_core::envelope::EnvelopeId>,
+) -> String {
+    let engine = c.app.engine();
+    let Some(id) = id else {
+        return "<p>No context envelope.</p>".to_owned();
+    };
+    let Ok(Some(latest)) = engine.envelope(id, None).await else {
+        return "<p class=\"none\">The envelope is not stored.</p>".to_owned();
+    };
+    let mut body = String::from(
+        "<div class=\"scroll\"><table><thead><tr><th>Version</th><th>Sensitivity</th><th>Labels</th>\
+         <th>Derived</th><th>Restrictions</th></tr></thead><tbody>",
+    );
+    for ver in 1..=latest.version {
+        if let Ok(Some(r)) = engine.envelope(id, Some(ver)).await {
+            let _ = write!(
+                body,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                r.version,
+                esc(r.aggregate_sensitivity.as_str()),
+                list(r.labels.iter().map(|l| l.as_str().to_owned())),
+                list(r.derived.iter().map(|l| l.as_str().to_owned())),
+                list(r.restrictions.iter().map(|l| l.as_str().to_owned()))
+            );
+        }
+    }
+    body.push_str("</tbody></table></div>");
+    body
 }

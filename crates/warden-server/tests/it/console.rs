@@ -483,3 +483,90 @@ async fn sessions_expire_and_sign_out_ends_them() {
     assert!(header(&r, "set-cookie").contains("Max-Age=0"));
     s.send(get("/console/agents", &session)).await.expect(303);
 }
+
+#[tokio::test]
+async fn runs_memory_and_the_audit_export_read_through_the_engine() {
+    let s = TestServer::start().await;
+    let (manager, researcher, formatter) = s.lab_tokens().await;
+    s.post(
+        "/v1/runs",
+        &researcher,
+        json!({"sop": super::support::sop_file("valid-report"), "run_id": "run-a"}),
+    )
+    .await
+    .expect(201);
+    s.send(
+        Req::new("PUT", "/v1/memory/notes/draft")
+            .token(&researcher)
+            .json(&json!({"value": "outline v1"})),
+    )
+    .await
+    .expect(201);
+    let op = sign_in(&s, OP).await;
+    let run = s
+        .send(get("/console/runs/run-a", &op))
+        .await
+        .expect(200)
+        .text();
+    assert!(run.contains("Run run-a") && run.contains("<code>researcher</code>"));
+    assert!(run.contains("not begun"), "no step has begun");
+    // A key known only from a recorded write is listed with its owner;
+    // the manager's secret is named but never shown.
+    let memory = s
+        .send(get("/console/memory?agent=researcher", &op))
+        .await
+        .expect(200)
+        .text();
+    assert!(memory.contains("notes.draft") && memory.contains("outline v1"));
+    assert!(memory.contains("project.client_region"));
+    let secret = s
+        .record("report_manager", "credentials", "storage_token")
+        .await
+        .unwrap();
+    let manager_page = s
+        .send(get("/console/memory?agent=report_manager", &op))
+        .await
+        .expect(200)
+        .text();
+    assert!(manager_page.contains("credentials.storage_token"));
+    assert!(manager_page.contains("secret: never shown"));
+    let shown = secret.value.as_str().unwrap().to_owned();
+    assert!(!manager_page.contains(&shown));
+    // The formatter (below the researcher) cannot open the researcher's
+    // run; the refusal is recorded as the engine's own denial.
+    let fmt = sign_in(&s, &formatter).await;
+    let head = s.audit().await.len();
+    s.send(get("/console/runs/run-a", &fmt)).await.expect(404);
+    let last = s.last_audit().await;
+    assert_eq!(s.audit().await.len(), head + 1);
+    assert_eq!(
+        (last.draft.subject.as_str(), last.draft.reason.as_str()),
+        ("formatter", "not_run_agent")
+    );
+    // Its manager may.
+    let mgr = sign_in(&s, &manager).await;
+    s.send(get("/console/runs/run-a", &mgr)).await.expect(200);
+    // The export is the log as stored, filtered, one entry a line.
+    let export = s
+        .send(get("/console/audit/export?operation=memory.write", &op))
+        .await
+        .expect(200);
+    assert_eq!(header(&export, "content-type"), "application/x-ndjson");
+    assert!(header(&export, "content-disposition").starts_with("attachment"));
+    let lines: Vec<serde_json::Value> = export
+        .text()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let all = s.audit().await;
+    let writes: Vec<_> = all
+        .iter()
+        .filter(|e| e.draft.operation == "memory.write")
+        .collect();
+    assert_eq!(lines.len(), writes.len());
+    for (line, entry) in lines.iter().zip(writes) {
+        assert_eq!(line["seq"], entry.seq);
+        assert_eq!(line["hash"], entry.hash.to_hex());
+    }
+    s.send(get("/console/audit/export", &fmt)).await.expect(403);
+}
