@@ -286,11 +286,20 @@ struct Why {
     why: Option<String>,
 }
 
-fn sign_in_page(status: StatusCode, note: Option<&str>) -> Response {
+/// The sign-in form, with a fresh CSRF token in the form and in its cookie.
+fn sign_in_page(sessions: &Sessions, status: StatusCode, note: Option<&str>) -> Response {
     let note = note
         .map(|n| format!("<p class=\"notice\" role=\"alert\">{}</p>", esc(n)))
         .unwrap_or_default();
-    html(
+    let Ok(token) = session::random_hex() else {
+        return message(
+            None,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Sign in",
+            "No randomness is available; sign-in is not possible.",
+        );
+    };
+    let mut r = html(
         status,
         page(
             None,
@@ -298,12 +307,17 @@ fn sign_in_page(status: StatusCode, note: Option<&str>) -> Response {
             "Sign in",
             &format!(
                 "{note}<form method=\"post\" action=\"/console/sign-in\" class=\"sign-in\">\
+                 <input type=\"hidden\" name=\"csrf\" value=\"{token}\">\
                  <label for=\"token\">Token (the operator's, or an agent's for a read-only view of its subtree)</label>\
                  <input id=\"token\" name=\"token\" type=\"password\" autocomplete=\"off\" required data-autofocus>\
                  <button type=\"submit\">Sign in</button></form>"
             ),
         ),
-    )
+    );
+    if let Ok(v) = HeaderValue::from_str(&sessions.pre_cookie(&token)) {
+        r.headers_mut().append(header::SET_COOKIE, v);
+    }
+    r
 }
 
 async fn sign_in_form<S: Store>(
@@ -330,12 +344,13 @@ async fn sign_in_form<S: Store>(
         Some("signed-out") => Some("You are signed out."),
         _ => None,
     };
-    sign_in_page(StatusCode::OK, note)
+    sign_in_page(&c.sessions, StatusCode::OK, note)
 }
 
 #[derive(Deserialize)]
 struct SignIn {
     token: String,
+    csrf: Option<String>,
 }
 
 async fn sign_in<S: Store>(
@@ -346,12 +361,32 @@ async fn sign_in<S: Store>(
     if let Err(r) = same_origin(&headers) {
         return *r;
     }
-    let Ok(SignIn { token }) = serde_urlencoded::from_bytes::<SignIn>(&body) else {
-        return sign_in_page(StatusCode::BAD_REQUEST, Some("Enter a token."));
+    let form = serde_urlencoded::from_bytes::<SignIn>(&body).ok();
+    let expected = session::cookie_value(&headers, session::PRE_COOKIE);
+    let fresh = match (
+        form.as_ref().and_then(|f| f.csrf.as_deref()),
+        expected.as_deref(),
+    ) {
+        (Some(sent), Some(expected)) => session::same_token(sent, expected),
+        _ => false,
+    };
+    if !fresh {
+        return sign_in_page(
+            &c.sessions,
+            StatusCode::FORBIDDEN,
+            Some("The sign-in form was not sent from this console (or it expired); try again."),
+        );
+    }
+    let Some(SignIn { token, .. }) = form else {
+        return sign_in_page(&c.sessions, StatusCode::BAD_REQUEST, Some("Enter a token."));
     };
     let token = token.trim();
     if token.is_empty() || token.len() > warden::MAX_TOKEN_LEN {
-        return sign_in_page(StatusCode::UNAUTHORIZED, Some("That token is not valid."));
+        return sign_in_page(
+            &c.sessions,
+            StatusCode::UNAUTHORIZED,
+            Some("That token is not valid."),
+        );
     }
     let caller = match c
         .app
@@ -363,23 +398,36 @@ async fn sign_in<S: Store>(
         Ok(Authentication::Agent(a)) => warden::Caller::Agent(a),
         Ok(Authentication::Throttled { .. }) => {
             return sign_in_page(
+                &c.sessions,
                 StatusCode::TOO_MANY_REQUESTS,
                 Some("Too many requests for this agent; try again in a moment."),
             );
         }
         Ok(Authentication::TokenRevoked) => {
-            return sign_in_page(StatusCode::UNAUTHORIZED, Some("That token was revoked."));
+            return sign_in_page(
+                &c.sessions,
+                StatusCode::UNAUTHORIZED,
+                Some("That token was revoked."),
+            );
         }
         Ok(Authentication::AgentRevoked { .. }) => {
             return sign_in_page(
+                &c.sessions,
                 StatusCode::FORBIDDEN,
                 Some("That token's agent was revoked."),
             );
         }
-        Ok(_) => return sign_in_page(StatusCode::UNAUTHORIZED, Some("That token is not valid.")),
+        Ok(_) => {
+            return sign_in_page(
+                &c.sessions,
+                StatusCode::UNAUTHORIZED,
+                Some("That token is not valid."),
+            );
+        }
         Err(e) => {
             tracing::error!(error = %e, "console: sign-in failed");
             return sign_in_page(
+                &c.sessions,
                 StatusCode::INTERNAL_SERVER_ERROR,
                 Some("Sign-in failed; see the server log."),
             );
@@ -387,13 +435,16 @@ async fn sign_in<S: Store>(
     };
     let Some(id) = c.sessions.create(token, caller, c.app.now_ms()) else {
         return sign_in_page(
+            &c.sessions,
             StatusCode::SERVICE_UNAVAILABLE,
             Some("Too many console sessions are open; try again later."),
         );
     };
     let mut r = see_other("/console/escalations");
-    if let Ok(v) = HeaderValue::from_str(&c.sessions.cookie(&id)) {
-        r.headers_mut().insert(header::SET_COOKIE, v);
+    for cookie in [c.sessions.cookie(&id), c.sessions.clear_pre_cookie()] {
+        if let Ok(v) = HeaderValue::from_str(&cookie) {
+            r.headers_mut().append(header::SET_COOKIE, v);
+        }
     }
     r
 }

@@ -10,7 +10,10 @@
 //! ([`warden::Engine::authenticate`], the same path as the API's bearer
 //! tokens), so a revoked token or agent is signed out on its next page.
 //! Every state-changing form carries the session's CSRF token
-//! (synchroniser token, compared in constant time).
+//! (synchroniser token, compared in constant time). The sign-in form,
+//! which comes before any session, carries a token that must equal the
+//! one in its own short-lived cookie (`warden_console_signin`, same flags),
+//! which a page of another site can neither read nor set.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -24,6 +27,9 @@ use crate::state::AppState;
 
 /// The cookie's name.
 pub(crate) const COOKIE: &str = "warden_console";
+
+/// The cookie holding the sign-in form's CSRF token.
+pub(crate) const PRE_COOKIE: &str = "warden_console_signin";
 
 /// An unused session ends after this long (milliseconds).
 pub(crate) const IDLE_MS: i64 = 30 * 60 * 1000;
@@ -141,6 +147,24 @@ impl Sessions {
         )
     }
 
+    /// The `Set-Cookie` value carrying the sign-in form's CSRF token
+    /// (before there is a session, the form's token must equal this
+    /// cookie's: a page of another site can set neither).
+    pub(crate) fn pre_cookie(&self, token: &str) -> String {
+        format!(
+            "{PRE_COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/console; Max-Age=900{}",
+            if self.secure { "; Secure" } else { "" }
+        )
+    }
+
+    /// The `Set-Cookie` value ending the sign-in form's token.
+    pub(crate) fn clear_pre_cookie(&self) -> String {
+        format!(
+            "{PRE_COOKIE}=; HttpOnly; SameSite=Strict; Path=/console; Max-Age=0{}",
+            if self.secure { "; Secure" } else { "" }
+        )
+    }
+
     /// The `Set-Cookie` value ending the session.
     pub(crate) fn clear_cookie(&self) -> String {
         format!(
@@ -204,25 +228,33 @@ fn live(e: &Entry, now_ms: i64) -> bool {
     now_ms.saturating_sub(e.seen_ms) < IDLE_MS && now_ms.saturating_sub(e.created_ms) < ABSOLUTE_MS
 }
 
-/// The session id of the request's cookie, if it has one of the right
-/// shape.
-fn session_id(headers: &HeaderMap) -> Option<String> {
+/// The value of the request's cookie `name`, if it is 64 hex digits.
+pub(crate) fn cookie_value(headers: &HeaderMap, name: &str) -> Option<String> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == COOKIE)
+        .find(|(k, _)| *k == name)
         .map(|(_, v)| v.to_owned())
         .filter(|v| v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
+/// The session id of the request's cookie, if it has one of the right
+/// shape.
+fn session_id(headers: &HeaderMap) -> Option<String> {
+    cookie_value(headers, COOKIE)
+}
+
+/// Whether two tokens are equal (constant time).
+pub(crate) fn same_token(a: &str, b: &str) -> bool {
+    a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
+}
+
 /// Whether `sent` is the session's CSRF token (constant time).
 pub(crate) fn csrf_ok(viewer: &Viewer, sent: Option<&str>) -> bool {
-    sent.is_some_and(|s| {
-        s.len() == viewer.csrf.len() && bool::from(s.as_bytes().ct_eq(viewer.csrf.as_bytes()))
-    })
+    sent.is_some_and(|s| same_token(s, &viewer.csrf))
 }
 
 #[cfg(test)]

@@ -95,18 +95,35 @@ fn header(r: &Resp, name: &str) -> String {
         .unwrap_or_default()
 }
 
+/// Post the sign-in form with `token`, as a browser would: the form's
+/// CSRF token and its cookie from a fresh sign-in page.
+async fn post_sign_in(s: &TestServer, token: &str) -> Resp {
+    let page = s
+        .send(Req::new("GET", "/console/sign-in"))
+        .await
+        .expect(200);
+    let pre = header(&page, "set-cookie");
+    assert!(pre.starts_with("warden_console_signin=") && pre.contains("HttpOnly; SameSite=Strict"));
+    let pre = pre.split(';').next().unwrap().to_owned();
+    s.send(form(
+        "/console/sign-in",
+        &pre,
+        &format!("csrf={}&token={token}", csrf(&page)),
+    ))
+    .await
+}
+
 /// Sign in with `token`: the session cookie (`name=value`).
 async fn sign_in(s: &TestServer, token: &str) -> String {
-    let r = s
-        .send(
-            Req::new("POST", "/console/sign-in")
-                .header("content-type", "application/x-www-form-urlencoded")
-                .raw(format!("token={token}").into_bytes()),
-        )
-        .await
-        .expect(303);
+    let r = post_sign_in(s, token).await.expect(303);
     assert_eq!(header(&r, "location"), "/console/escalations");
-    let cookie = header(&r, "set-cookie");
+    let cookie = r
+        .headers
+        .get_all("set-cookie")
+        .iter()
+        .map(|c| c.to_str().unwrap().to_owned())
+        .find(|c| c.starts_with("warden_console="))
+        .unwrap();
     assert!(!cookie.contains(token));
     cookie.split(';').next().unwrap().to_owned()
 }
@@ -173,28 +190,56 @@ async fn sign_in_sets_a_strict_cookie_and_never_echoes_the_token() {
     let head = s.audit().await.len();
     // A wrong token: refused, no cookie, the token nowhere in the answer.
     let wrong = "wdn_0000000000000000000000000000000000000000000000000000000000000000";
-    let r = s
-        .send(
-            Req::new("POST", "/console/sign-in")
-                .header("content-type", "application/x-www-form-urlencoded")
-                .raw(format!("token={wrong}").into_bytes()),
-        )
-        .await
-        .expect(401);
-    assert!(header(&r, "set-cookie").is_empty());
+    let r = post_sign_in(&s, wrong).await.expect(401);
+    assert!(
+        !r.headers
+            .get_all("set-cookie")
+            .iter()
+            .any(|c| c.to_str().unwrap().starts_with("warden_console=")),
+        "no session"
+    );
     assert!(!r.text().contains(wrong));
     assert!(r.text().contains("not valid"));
     assert_eq!(s.audit().await.len(), head, "a 401 records nothing");
+    // Without the sign-in form's token (a page of another site posting
+    // it), even the right token does not sign in.
+    for cookie in [
+        "",
+        "warden_console_signin=0000000000000000000000000000000000000000000000000000000000000000",
+    ] {
+        let r = s
+            .send(form(
+                "/console/sign-in",
+                cookie,
+                &format!("token={OP}&csrf={}", "1".repeat(64)),
+            ))
+            .await
+            .expect(403);
+        assert!(
+            !r.headers
+                .get_all("set-cookie")
+                .iter()
+                .any(|c| c.to_str().unwrap().starts_with("warden_console="))
+        );
+    }
     // The operator's token signs in.
-    let r = s
-        .send(
-            Req::new("POST", "/console/sign-in")
-                .header("content-type", "application/x-www-form-urlencoded")
-                .raw(format!("token={OP}").into_bytes()),
-        )
-        .await
-        .expect(303);
-    let cookie = header(&r, "set-cookie");
+    let r = post_sign_in(&s, OP).await.expect(303);
+    let cookies: Vec<String> = r
+        .headers
+        .get_all("set-cookie")
+        .iter()
+        .map(|c| c.to_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        cookies
+            .iter()
+            .any(|c| c.starts_with("warden_console_signin=;") && c.contains("Max-Age=0"))
+    );
+    let cookie = cookies
+        .iter()
+        .find(|c| c.starts_with("warden_console="))
+        .unwrap()
+        .clone();
     for flag in ["HttpOnly", "SameSite=Strict", "Path=/console", "Max-Age="] {
         assert!(cookie.contains(flag), "{cookie}");
     }
