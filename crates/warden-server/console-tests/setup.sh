@@ -10,5 +10,5 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends chromium chromium-driver
+$SUDO apt-get install -y -q chromium chromium-driver
 command -v chromium && command -v chromedriver

@@ -644,9 +644,9 @@ pub(crate) async fn agents<S: Store>(
             return;
         };
         out.push_str(if at.is_none() {
-            "<ul class=\"tree\" role=\"tree\">"
+            "<ul class=\"tree\">"
         } else {
-            "<ul role=\"group\">"
+            "<ul>"
         });
         for a in kids {
             let Ok(view) = c.app.engine().agent(&a.id) else {
@@ -669,7 +669,7 @@ pub(crate) async fn agents<S: Store>(
             };
             let _ = write!(
                 out,
-                "<li role=\"treeitem\" data-agent=\"{id}\"><div class=\"agent\"><h2><code>{id}</code> <span class=\"badge a-{status}\">{status}</span></h2>\
+                "<li data-agent=\"{id}\"><div class=\"agent\"><h2><code>{id}</code> <span class=\"badge a-{status}\">{status}</span></h2>\
                  <dl><dt>Declared</dt><dd>{}</dd><dt>Effective</dt><dd>{}</dd><dt>Removed at this level</dt><dd>{}</dd></dl>\
                  <p class=\"links\"><a href=\"/console/memory?agent={u}\">Memory</a> · <a href=\"/console/sessions?agent={u}\">Sessions</a>",
                 list(
