@@ -180,18 +180,22 @@ class Server:
 
     def __init__(self, warden):
         self.op = "op_" + secrets.token_hex(24)
-        env = dict(os.environ, WARDEN_OPERATOR_TOKEN=self.op, WARDEN_LOG="warn")
+        # Everything it logs, at every level, goes to a file the tests
+        # search for tokens afterwards.
+        env = dict(os.environ, WARDEN_OPERATOR_TOKEN=self.op, WARDEN_LOG="debug")
+        self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
             [warden, "serve", "--policy", os.path.join(HERE, "policy.yaml"),
              "--database", "memory://", "--listen", "127.0.0.1:0"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
         for line in self.proc.stdout:
             m = re.match(r"listening on (http://\S+)", line)
             if m:
                 self.base = m.group(1)
                 break
         else:
-            raise RuntimeError("warden serve did not start: " + self.proc.stderr.read())
+            self.log.seek(0)
+            raise RuntimeError("warden serve did not start: " + self.log.read())
 
     def api(self, method, path, body=None, token=None):
         return http(method, self.base + path, body, token)
@@ -207,7 +211,8 @@ class Server:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-        return self.proc.stderr.read()
+        self.log.seek(0)
+        return self.log.read()
 
 
 class Console(unittest.TestCase):
@@ -222,7 +227,8 @@ class Console(unittest.TestCase):
     def tearDownClass(cls):
         cls.browser.quit()
         log = cls.server.stop()
-        # The token never reaches the log.
+        # The log saw every request, and never a token.
+        assert "/console" in log, "the log recorded no console request"
         assert cls.server.op not in log and cls.assistant not in log, "a token was logged"
 
     # ---- helpers -------------------------------------------------------

@@ -23,9 +23,11 @@ pub(crate) mod session;
 
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::middleware::map_response;
 use axum::response::{IntoResponse, Response};
@@ -65,14 +67,11 @@ impl<S> Clone for Console<S> {
     }
 }
 
-/// The console's routes, to be nested at `/console`.
-pub(crate) fn router<S: Store>(app: AppState<S>) -> Router {
+/// The console's routes, to be nested at `/console` (each router gets its
+/// own sessions).
+pub(crate) fn router<S: Store>() -> Router<AppState<S>> {
     let secure =
         std::env::var(SECURE_COOKIE_ENV).is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"));
-    let console = Console {
-        app,
-        sessions: Sessions::new(secure),
-    };
     Router::new()
         .route("/", get(index::<S>))
         .route("/sign-in", get(sign_in_form::<S>).post(sign_in::<S>))
@@ -98,7 +97,20 @@ pub(crate) fn router<S: Store>(app: AppState<S>) -> Router {
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_FORM_BYTES))
         .layer(map_response(security_headers))
-        .with_state(console)
+        .layer(Extension(Sessions::new(secure)))
+}
+
+impl<S: Store> FromRequestParts<AppState<S>> for Console<S> {
+    type Rejection = Response;
+    async fn from_request_parts(parts: &mut Parts, app: &AppState<S>) -> Result<Self, Response> {
+        match parts.extensions.get::<Arc<Sessions>>() {
+            Some(sessions) => Ok(Self {
+                app: app.clone(),
+                sessions: Arc::clone(sessions),
+            }),
+            None => Err(StatusCode::INTERNAL_SERVER_ERROR.into_response()),
+        }
+    }
 }
 
 async fn security_headers(mut r: Response) -> Response {
@@ -269,12 +281,7 @@ fn same_origin(headers: &HeaderMap) -> Result<(), Box<Response>> {
     }
 }
 
-async fn index<S: Store>(
-    State(c): State<Console<S>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-) -> Response {
+async fn index<S: Store>(c: Console<S>, method: Method, uri: Uri, headers: HeaderMap) -> Response {
     match c.viewer(&method, &uri, &headers).await {
         Ok(_) => see_other("/console/escalations"),
         Err(r) => *r,
@@ -321,7 +328,7 @@ fn sign_in_page(sessions: &Sessions, status: StatusCode, note: Option<&str>) -> 
 }
 
 async fn sign_in_form<S: Store>(
-    State(c): State<Console<S>>,
+    c: Console<S>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -353,11 +360,7 @@ struct SignIn {
     csrf: Option<String>,
 }
 
-async fn sign_in<S: Store>(
-    State(c): State<Console<S>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
+async fn sign_in<S: Store>(c: Console<S>, headers: HeaderMap, body: Bytes) -> Response {
     if let Err(r) = same_origin(&headers) {
         return *r;
     }
@@ -461,7 +464,7 @@ impl HasCsrf for CsrfOnly {
 }
 
 async fn sign_out<S: Store>(
-    State(c): State<Console<S>>,
+    c: Console<S>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -347,7 +347,7 @@ async fn escalation_card<S: Store>(
 /// `GET /console/escalations`: the pending queue, oldest first, then the
 /// latest resolved ones.
 pub(crate) async fn escalations<S: Store>(
-    State(c): State<Console<S>>,
+    c: Console<S>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -425,7 +425,7 @@ pub(crate) struct Done {
 /// `GET /console/escalations/{id}`: one escalation with the audit entries
 /// it produced.
 pub(crate) async fn escalation<S: Store>(
-    State(c): State<Console<S>>,
+    c: Console<S>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -516,7 +516,7 @@ fn reviewed(id: &str, out: &warden::ReviewOutcome, v: &Viewer) -> Response {
 
 /// `POST /console/escalations/{id}/approve` (operator).
 pub(crate) async fn approve<S: Store>(
-    State(c): State<Console<S>>,
+    c: Console<S>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -544,7 +544,7 @@ pub(crate) async fn approve<S: Store>(
 
 /// `POST /console/escalations/{id}/reject` `reason` (operator).
 pub(crate) async fn reject<S: Store>(
-    State(c): State<Console<S>>,
+    c: Console<S>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -614,7 +614,7 @@ fn subtree(all: &[StoredAgent], root: &AgentId) -> Vec<AgentId> {
 /// `GET /console/agents`: the tree with declared and effective
 /// capabilities and what each level removed.
 pub(crate) async fn agents<S: Store>(
-    State(c): State<Console<S>>,
+    c: Console<S>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -709,7 +709,7 @@ pub(crate) async fn agents<S: Store>(
 
 /// `GET /console/agents/{id}/revoke` (operator): the confirmation step.
 pub(crate) async fn revoke_confirm<S: Store>(
-    State(c): State<Console<S>>,
+    c: Console<S>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -761,7 +761,7 @@ impl HasCsrf for RevokeForm {
 
 /// `POST /console/agents/{id}/revoke` `confirm=yes` (operator).
 pub(crate) async fn revoke<S: Store>(
-    State(c): State<Console<S>>,
+    c: Console<S>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -850,7 +850,7 @@ fn value_cell(r: &MemoryRecord) -> String {
 /// `GET /console/memory?agent=…`: an agent's own records and what it
 /// resolves from its ancestors (as a read would, without recording one).
 pub(crate) async fn memory<S: Store>(
-    State(c): State<Console<S>>,
+    c: Console<S>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -1002,7 +1002,7 @@ pub(crate) async fn memory<S: Store>(
 
 /// `GET /console/sessions?agent=…`: the sessions the viewer may see.
 pub(crate) async fn sessions<S: Store>(
-    State(c): State<Console<S>>,
+    c: Console<S>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -1075,7 +1075,7 @@ pub(crate) async fn sessions<S: Store>(
 /// `GET /console/sessions/{id}`: the calls with their decisions and the
 /// provenance of every argument, and the envelope's versions.
 pub(crate) async fn session<S: Store>(
-    State(c): State<Console<S>>,
+    c: Console<S>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -1197,7 +1197,7 @@ impl AuditFilter {
 /// `GET /console/audit` (operator): the chain's status and head, and the
 /// log, filtered.
 pub(crate) async fn audit<S: Store>(
-    State(c): State<Console<S>>,
+    c: Console<S>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -1305,7 +1305,7 @@ pub(crate) async fn audit<S: Store>(
 /// `GET /console/audit/export` (operator): the matching entries as JSON
 /// Lines, as stored (hashes included, so the export can be verified).
 pub(crate) async fn audit_export<S: Store>(
-    State(c): State<Console<S>>,
+    c: Console<S>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -1354,7 +1354,7 @@ pub(crate) struct RunQuery {
 
 /// `GET /console/runs?run=…`: to the run's page.
 pub(crate) async fn run_lookup<S: Store>(
-    State(c): State<Console<S>>,
+    c: Console<S>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -1373,7 +1373,7 @@ pub(crate) async fn run_lookup<S: Store>(
 /// `GET /console/runs/{id}`: a run's steps with each outcome, and its
 /// envelope's versions (the run's agent, an ancestor, the operator).
 pub(crate) async fn run<S: Store>(
-    State(c): State<Console<S>>,
+    c: Console<S>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
