@@ -40,6 +40,7 @@
 
 pub mod auth;
 pub mod body;
+mod console;
 pub mod error;
 mod metered;
 pub mod metrics;
