@@ -34,11 +34,15 @@ pub fn lint(file: &Path) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Print the bundle's JSON Schema.
+/// Print the bundle's JSON Schema. A reader that stops early (`| head`,
+/// `| true`) is not an error: the command exits quietly.
 pub fn schema() -> anyhow::Result<ExitCode> {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&warden_core::bundle::schema())?
-    );
-    Ok(ExitCode::SUCCESS)
+    use std::io::Write;
+    let text = serde_json::to_string_pretty(&warden_core::bundle::schema())?;
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{text}").and_then(|()| out.flush()) {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
+        Err(e) => Err(e.into()),
+    }
 }

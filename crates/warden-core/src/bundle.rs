@@ -515,8 +515,15 @@ impl Policy {
         let specs: Vec<AgentSpec> = spec.agents.iter().map(seed_spec).collect();
         if let Err(e) = hierarchy.register_all(&specs, &index_of) {
             let at = match &e {
-                HierarchyError::DuplicateAgent(id)
-                | HierarchyError::Cycle(id)
+                // The duplicate is the second declaration, not the first.
+                HierarchyError::DuplicateAgent(id) => spec
+                    .agents
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, a)| &a.id == id)
+                    .nth(1)
+                    .map(|(i, _)| i),
+                HierarchyError::Cycle(id)
                 | HierarchyError::UnknownParent { agent: id, .. }
                 | HierarchyError::ParentRevoked { agent: id, .. }
                 | HierarchyError::TooDeep { agent: id, .. } => {
@@ -836,6 +843,20 @@ mod tests {
         for word in ["unplanned", "max_recorded_bytes", "max_sources"] {
             assert!(text.contains(word), "{word}");
         }
+    }
+
+    #[test]
+    fn a_duplicate_agent_is_located_at_its_second_declaration() {
+        let found = issues(
+            "policy_version: d\nenvironment_capabilities: []\nagents:\n  - {id: x}\n  - {id: y}\n  - {id: x}\n",
+        );
+        assert!(
+            found
+                .iter()
+                .any(|(at, m)| at == "agents[2]" && m.contains("x")),
+            "{found:?}"
+        );
+        assert!(!found.iter().any(|(at, _)| at == "agents[0]"), "{found:?}");
     }
 
     #[test]

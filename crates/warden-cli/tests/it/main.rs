@@ -408,3 +408,22 @@ fn edit_behind_wardens_back(db: &std::path::Path, sql: &str) -> bool {
         .map(|s| s.success())
         .unwrap_or(false)
 }
+
+#[test]
+fn policy_schema_into_a_closed_pipe_exits_quietly() {
+    use std::process::Stdio;
+    let mut child = warden()
+        .args(["policy", "schema"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reader goes away before the schema is written.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("panicked"),
+        "{out:?}"
+    );
+}
