@@ -262,8 +262,8 @@ pub fn sources_unless_known(
 /// same id), and the calls it starts with (normally none) have distinct
 /// ids and positions. Every backend checks this first and then, for a
 /// session naming an envelope without giving it, that the envelope is
-/// stored ([`missing_envelope`]). Refused: [`StoreError::Invalid`], or
-/// [`StoreError::Duplicate`] of [`Entity::Call`](crate::Entity::Call);
+/// stored ([`missing_envelope`]). Refused: [`StoreError::Invalid`](crate::StoreError::Invalid), or
+/// [`StoreError::Duplicate`](crate::StoreError::Duplicate) of [`Entity::Call`](crate::Entity::Call);
 /// nothing is stored.
 pub fn check_create(
     state: &SessionState,

@@ -74,7 +74,7 @@
 //! no rule guards).
 
 mod error;
-mod explain;
+pub mod explain;
 mod matching;
 mod path;
 mod template;
