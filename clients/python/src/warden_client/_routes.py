@@ -277,11 +277,13 @@ class Routes:
     def delegate(agent_id: str, capabilities: Iterable[str], config: Optional[Mapping[str, Any]],
                  tools: Optional[Iterable[str]], from_run: Optional[str],
                  from_session: Optional[str], restrictions: Optional[Iterable[str]],
-                 zone: Optional[str], redact_labels: Optional[bool]) -> Request[m.AgentCreated]:
+                 zone: Optional[str], redact_labels: Optional[bool],
+                 from_envelope: Optional[Mapping[str, Any]] = None) -> Request[m.AgentCreated]:
         body = _opt({"agent_id": agent_id, "capabilities": list(capabilities)},
                     config=None if config is None else dict(config),
                     tools=None if tools is None else list(tools), from_run=from_run,
                     from_session=from_session,
+                    from_envelope=None if from_envelope is None else dict(from_envelope),
                     restrictions=None if restrictions is None else list(restrictions),
                     zone=zone, redact_labels=redact_labels)
         return Request("POST", "/v1/agents/self/children", _as(m.AgentCreated), False, body)

@@ -177,13 +177,16 @@ class WardenClient:
                  tools: Optional[Iterable[str]] = None, from_run: Optional[str] = None,
                  from_session: Optional[str] = None,
                  restrictions: Optional[Iterable[str]] = None, zone: Optional[str] = None,
-                 redact_labels: Optional[bool] = None) -> m.AgentCreated:
+                 redact_labels: Optional[bool] = None,
+                 from_envelope: Optional[Mapping[str, Any]] = None) -> m.AgentCreated:
         """Register a child of the calling agent; the answer holds the
         child's own token. Its effective capabilities are within the
         caller's whatever is asked. ``from_session`` / ``from_run``: the
-        child inherits that session's or run's envelope."""
+        child inherits that session's or run's envelope; ``from_envelope``:
+        a signed envelope of an issuer the bundle trusts."""
         return self.send(Routes.delegate(agent_id, capabilities, config, tools, from_run,
-                                         from_session, restrictions, zone, redact_labels))
+                                         from_session, restrictions, zone, redact_labels,
+                                         from_envelope))
 
     def read(self, namespace: str, key: str) -> m.MemoryValue:
         return self.send(Routes.read(namespace, key))

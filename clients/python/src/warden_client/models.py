@@ -44,6 +44,11 @@ __all__ = [
     "MemoryDeleted",
     "StepDecision",
     "Validation",
+    "StepProvenance",
+    "RuleExplained",
+    "PositionExplained",
+    "BindingExplained",
+    "Unmet",
     "RunStep",
     "RunAdmitted",
     "Outcome",
@@ -76,6 +81,11 @@ Visibility = Literal["private", "children", "descendants"]
 Combinator = Literal["min", "max", "all", "any", "intersection"]
 StepStatus = Literal["completed", "failed", "denied"]
 GateKind = Literal["proceed", "replay", "executed"]
+Origin = Literal["user", "trusted", "untrusted", "memory", "plan", "none"]
+Otherwise = Literal["escalate", "deny"]
+MatchMode = Literal["text", "caseless"]
+Within = Literal["urls", "emails", "hosts"]
+Fill = Literal["literal", "binding", "absent", "mismatch"]
 
 #: The verdicts of a session call that let the tool run.
 PROCEED_VERDICTS = frozenset({"allow", "constrain"})
@@ -117,7 +127,7 @@ def _encode(value: Any) -> Any:
 
 
 #: Wire names that are Python keywords, renamed in the models.
-RENAMED: Mapping[str, str] = {"class_": "class"}
+RENAMED: Mapping[str, str] = {"class_": "class", "from_": "from"}
 
 
 def wire_name(field: str) -> str:
@@ -357,11 +367,83 @@ class StepDecision(WireModel):
     violations: List[str]
 
 
+@_model("UnmetBody")
+@dataclasses.dataclass(frozen=True)
+class Unmet(WireModel):
+    """A constraint (``by``: ``rule`` or ``binding``) the bound step's
+    results cannot meet."""
+
+    by: str
+    from_: List[Origin]
+    otherwise: Otherwise
+
+
+@_model("BindingBody")
+@dataclasses.dataclass(frozen=True)
+class BindingExplained(WireModel):
+    """A binding and what the step it names can vouch for."""
+
+    unmet: List[Unmet]
+    step: Optional[str] = None
+    step_action: Optional[str] = None
+    step_origins: Optional[List[Origin]] = None
+    from_: Optional[List[Origin]] = None
+    otherwise: Optional[Otherwise] = None
+    match: Optional[MatchMode] = None
+
+
+@_model("PositionBody")
+@dataclasses.dataclass(frozen=True)
+class PositionExplained(WireModel):
+    """One guarded (or bound) position: what fills it and what the gate
+    will make of it (``reason``: ``literal_vouched:<path>``...)."""
+
+    path: str
+    fill: Fill
+    reason: str
+    explain: str
+    binding: Optional[BindingExplained] = None
+
+
+@_model("RuleProvenanceBody")
+@dataclasses.dataclass(frozen=True)
+class RuleExplained(WireModel):
+    """One provenance rule of a step's action and how the step meets it."""
+
+    argument: str
+    from_: List[Origin]
+    otherwise: Otherwise
+    match: MatchMode
+    rule: str
+    positions: List[PositionExplained]
+    within: Optional[Within] = None
+
+
+@_model("StepProvenanceBody")
+@dataclasses.dataclass(frozen=True)
+class StepProvenance(WireModel):
+    """What provenance one step's guarded arguments will meet."""
+
+    step_id: str
+    action: str
+    known_action: bool
+    outbound_read: bool
+    result_origins: List[Origin]
+    rules: List[RuleExplained]
+    unguarded: List[PositionExplained]
+    findings: List[str]
+
+
 @_model("ValidateResponse")
 @dataclasses.dataclass(frozen=True)
 class Validation(WireModel):
+    """Every step's decision and, per step, the provenance its guarded
+    arguments will meet; ``plan``: the document binds an argument."""
+
     admitted: bool
     decisions: List[StepDecision]
+    plan: bool
+    provenance: List[StepProvenance]
 
 
 @_model("RunStepBody")
