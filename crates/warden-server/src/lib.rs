@@ -41,6 +41,7 @@
 pub mod auth;
 pub mod body;
 pub mod error;
+mod mcp;
 mod metered;
 pub mod metrics;
 mod middleware;

@@ -648,6 +648,7 @@ routes! {
 /// and 405 answers, and the middleware.
 pub fn router<S: Store>(state: AppState<S>) -> Router {
     with_routes(Router::new())
+        .merge(crate::mcp::routes(&state))
         .fallback(meta::no_route)
         .method_not_allowed_fallback(meta::method_not_allowed)
         .layer(from_fn_with_state(
