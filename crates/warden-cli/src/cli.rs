@@ -68,6 +68,19 @@ enum Command {
         #[command(subcommand)]
         command: PolicyCommand,
     },
+    /// A stdio MCP server for clients that launch their servers as
+    /// subprocesses: relays every message to a running `warden serve`'s
+    /// `/mcp` with the agent's token (from `WARDEN_TOKEN`), so every tool
+    /// call is decided there. Stops when stdin ends.
+    Mcp {
+        /// The server's base URL (plain http).
+        #[arg(long, default_value = "http://127.0.0.1:7070")]
+        url: String,
+        /// Bind every call to this session (opened through the API, e.g.
+        /// with the user's request as a trusted input).
+        #[arg(long)]
+        session: Option<String>,
+    },
     /// Decision log tools.
     Audit {
         #[command(subcommand)]
@@ -135,6 +148,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             PolicyCommand::Lint { file } => crate::policy::lint(&file),
             PolicyCommand::Schema => crate::policy::schema(),
         },
+        Command::Mcp { url, session } => crate::mcp::run(url, session),
         Command::Audit { command } => match command {
             AuditCommand::Verify {
                 database,
