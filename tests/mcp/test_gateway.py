@@ -243,6 +243,24 @@ class GatewayTest(unittest.TestCase):
         self.assertEqual([c["action"] for c in calls], ["mail.read_inbox", "mail.send_email"])
         self.assertTrue(all(c["status"] == "completed" for c in calls), calls)
 
+    def test_metrics_count_calls_per_upstream_and_tool(self):
+        import re
+        import urllib.request
+
+        def count(outcome):
+            text = urllib.request.urlopen(self.base + "/metrics", timeout=10).read().decode()
+            m = re.search(r'warden_mcp_calls_total\{server="mail",tool="send_email",outcome="%s"\} (\d+)'
+                          % outcome, text)
+            return int(m.group(1)) if m else 0
+
+        denied, forwarded = count("denied"), count("forwarded")
+
+        async def work(s):
+            await s.call_tool("mail.send_email", {"to": "nobody@evil.example", "body": "m"})
+
+        self.mcp(self.assistant_token, work)
+        self.assertEqual((count("denied"), count("forwarded")), (denied + 1, forwarded))
+
     # ----- escalation -----
 
     def review_in_background(self, decisions):
@@ -414,6 +432,28 @@ class GatewayTest(unittest.TestCase):
 
         with self.assertRaises(Exception):
             self.stdio("wdn_" + "0" * 64, nothing)
+
+    # ----- policy init -----
+
+    def test_policy_init_writes_a_starter_bundle_that_lints_and_grants_nothing(self):
+        out = subprocess.run(
+            [WARDEN_BIN, "policy", "init", "--mcp", "mail", "--",
+             sys.executable, str(HERE / "mail_server.py")],
+            capture_output=True, text=True, timeout=60, env=dict(os.environ, CALL_LOG=os.devnull))
+        self.assertEqual(out.returncode, 0, out.stderr)
+        bundle = out.stdout
+        self.assertIn('"mail.send_email":', bundle)
+        self.assertIn("tags: [state_changing, external]", bundle)
+        self.assertIn('{argument: "to", from: [user, trusted], otherwise: escalate}', bundle)
+        self.assertIn('{argument: "account", from: [user, trusted], otherwise: escalate}', bundle)
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            f.write(bundle)
+        self.addCleanup(os.unlink, f.name)
+        lint = subprocess.run([WARDEN_BIN, "policy", "lint", f.name],
+                              capture_output=True, text=True, timeout=60)
+        self.assertEqual(lint.returncode, 0, lint.stdout + lint.stderr)
+        self.assertIn("0 agents", lint.stdout)
+        self.assertNotRegex(bundle, r"(?m)^(environment_capabilities|agents):")
 
     def test_requests_without_an_agent_token_are_refused(self):
         import urllib.error

@@ -121,6 +121,20 @@ enum PolicyCommand {
     },
     /// Print the bundle's JSON Schema.
     Schema,
+    /// Write a starter bundle for an MCP server to stdout: launches
+    /// COMMAND over stdio, reads its tools and declares each (schema,
+    /// output trust untrusted, tags from its annotations, provenance rules
+    /// proposed for target-like arguments, all marked for review). Grants
+    /// nothing.
+    Init {
+        /// The server's name in the bundle (tool `T` becomes action
+        /// `NAME.T`).
+        #[arg(long)]
+        mcp: String,
+        /// The server's command and arguments (after `--`).
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
 }
 
 /// Run a parsed command line.
@@ -147,6 +161,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Policy { command } => match command {
             PolicyCommand::Lint { file } => crate::policy::lint(&file),
             PolicyCommand::Schema => crate::policy::schema(),
+            PolicyCommand::Init { mcp, command } => crate::mcp::init(&mcp, &command),
         },
         Command::Mcp { url, session } => crate::mcp::run(url, session),
         Command::Audit { command } => match command {

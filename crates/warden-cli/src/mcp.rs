@@ -1,10 +1,12 @@
 //! `warden mcp`: the stdio entry point of the MCP gateway (see
-//! `warden_mcp::bridge`).
+//! `warden_mcp::bridge`); `warden policy init --mcp` (see
+//! `warden_mcp::init`).
 
 use std::process::ExitCode;
 
 use anyhow::Context as _;
 use warden_mcp::bridge::{BridgeConfig, run_stdio};
+use warden_mcp::init::init_from_command;
 
 /// The variable holding the agent's token (never an argument: arguments
 /// are visible to every user of the machine).
@@ -24,5 +26,16 @@ pub fn run(url: String, session: Option<String>) -> anyhow::Result<ExitCode> {
         token,
         session,
     }))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Print the starter bundle for server `name` launched by `command`.
+pub fn init(name: &str, command: &[String]) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let bundle = runtime.block_on(init_from_command(name, command))?;
+    print!("{bundle}");
     Ok(ExitCode::SUCCESS)
 }

@@ -110,8 +110,8 @@ pub struct McpServer {
     pub escalation_wait_ms: u64,
 }
 
-/// Whether `name` may name a server: an identifier without `.`.
-fn valid_server_name(name: &str) -> bool {
+/// Whether `name` may name a server: 1 to 64 of `[A-Za-z0-9_-]` (no `.`).
+pub fn valid_server_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && name

@@ -20,6 +20,8 @@
 //! - [`gateway`]: listing and calling for an agent in a session.
 //! - [`handler`]: the rmcp server handler; identity comes from the HTTP
 //!   layer ([`McpIdentity`]), never from a payload.
+//! - [`init`]: `warden policy init --mcp`, a starter bundle from an
+//!   upstream's tools.
 //! - [`bridge`]: `warden mcp`, a stdio MCP server relaying to a running
 //!   `warden serve` with the agent's token.
 //!
@@ -32,6 +34,7 @@
 pub mod bridge;
 pub mod gateway;
 pub mod handler;
+pub mod init;
 pub mod upstream;
 
 pub use gateway::Gateway;

@@ -143,6 +143,52 @@ pub fn check_tools(policy: &Policy, server: &str, tools: &[Tool]) -> ToolCheck {
     out
 }
 
+/// Launch `config`'s server, complete the MCP handshake and read its
+/// tools (each step within its `call_timeout_ms`). The server's
+/// environment is `PATH` and its `env:` only, unless `inherit_env`.
+pub async fn connect(
+    config: &McpServer,
+    inherit_env: bool,
+) -> Result<(RunningService<RoleClient, ()>, Vec<Tool>), UpstreamError> {
+    let server = config.name.clone();
+    let start = |message: String| UpstreamError::Start {
+        server: server.clone(),
+        message,
+    };
+    let (argv, env) = match &config.transport {
+        McpTransport::Stdio { argv, env } => (argv, env),
+        McpTransport::Http { .. } => {
+            return Err(UpstreamError::Unsupported {
+                server: server.clone(),
+                message: "streamable-HTTP upstreams are not supported by this gateway yet".into(),
+            });
+        }
+    };
+    let Some((program, args)) = argv.split_first() else {
+        return Err(start("no program".into()));
+    };
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args).kill_on_drop(true);
+    if !inherit_env {
+        cmd.env_clear();
+        if let Some(path) = std::env::var_os("PATH") {
+            cmd.env("PATH", path);
+        }
+    }
+    cmd.envs(env);
+    let transport = TokioChildProcess::new(cmd).map_err(|e| start(e.to_string()))?;
+    let timeout = Duration::from_millis(config.call_timeout_ms);
+    let service = tokio::time::timeout(timeout, ().serve(transport))
+        .await
+        .map_err(|_| start(format!("no handshake within {} ms", timeout.as_millis())))?
+        .map_err(|e| start(e.to_string()))?;
+    let tools = tokio::time::timeout(timeout, service.peer().list_all_tools())
+        .await
+        .map_err(|_| start(format!("no tools/list within {} ms", timeout.as_millis())))?
+        .map_err(|e| start(format!("tools/list: {e}")))?;
+    Ok((service, tools))
+}
+
 struct Connected {
     service: RunningService<RoleClient, ()>,
     check: Arc<ToolCheck>,
@@ -192,40 +238,7 @@ impl Upstream {
     }
 
     async fn launch(&self, policy: &Policy) -> Result<Connected, UpstreamError> {
-        let server = self.config.name.clone();
-        let start = |message: String| UpstreamError::Start {
-            server: server.clone(),
-            message,
-        };
-        let (argv, env) = match &self.config.transport {
-            McpTransport::Stdio { argv, env } => (argv, env),
-            McpTransport::Http { .. } => {
-                return Err(UpstreamError::Unsupported {
-                    server: server.clone(),
-                    message: "streamable-HTTP upstreams are not supported by this gateway yet"
-                        .into(),
-                });
-            }
-        };
-        let Some((program, args)) = argv.split_first() else {
-            return Err(start("no program".into()));
-        };
-        let mut cmd = tokio::process::Command::new(program);
-        cmd.args(args).env_clear().kill_on_drop(true);
-        if let Some(path) = std::env::var_os("PATH") {
-            cmd.env("PATH", path);
-        }
-        cmd.envs(env);
-        let transport = TokioChildProcess::new(cmd).map_err(|e| start(e.to_string()))?;
-        let timeout = Duration::from_millis(self.config.call_timeout_ms);
-        let service = tokio::time::timeout(timeout, ().serve(transport))
-            .await
-            .map_err(|_| start(format!("no handshake within {} ms", timeout.as_millis())))?
-            .map_err(|e| start(e.to_string()))?;
-        let tools = tokio::time::timeout(timeout, service.peer().list_all_tools())
-            .await
-            .map_err(|_| start(format!("no tools/list within {} ms", timeout.as_millis())))?
-            .map_err(|e| start(format!("tools/list: {e}")))?;
+        let (service, tools) = connect(&self.config, false).await?;
         let generation = self.starts.fetch_add(1, Ordering::Relaxed) + 1;
         let check = check_tools(policy, &self.config.name, &tools);
         tracing::info!(
