@@ -7,6 +7,7 @@ evidence of what it was asked to do.
 
 import json
 import os
+import time
 
 from mcp.server.fastmcp import FastMCP
 from mcp.types import ToolAnnotations
@@ -51,6 +52,14 @@ def update_memory_block(text: str) -> str:
     """Rewrite the agent's own prompt block."""
     log("update_memory_block", {"text": text})
     return "updated"
+
+
+@mcp.tool()
+def slow(seconds: float) -> str:
+    """Answer after a while."""
+    log("slow", {"seconds": seconds})
+    time.sleep(seconds)
+    return "late"
 
 
 @mcp.tool()

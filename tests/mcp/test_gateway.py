@@ -50,6 +50,7 @@ mcp_servers:
     command: [{python}, {server}]
     env: {{CALL_LOG: {log}}}
     trust: untrusted
+    call_timeout_ms: 1000
     escalation_wait_ms: 0
 actions:
   mail.read_inbox:
@@ -75,6 +76,10 @@ actions:
     arguments: *wire
     provenance:
       - {{argument: account, from: [user], otherwise: escalate}}
+  mail2.read_inbox:
+    arguments: {{type: object, properties: {{}}, additionalProperties: false}}
+  mail2.slow:
+    arguments: {{type: object, properties: {{seconds: {{type: number}}}}, required: [seconds]}}
   mail.update_memory_block:
     arguments: {{type: object, properties: {{text: {{type: string}}}}, additionalProperties: false}}
   mail.crash:
@@ -86,13 +91,16 @@ environment_capabilities:
   - mail.send_email
   - mail.wire_money
   - mail2.wire_money
+  - mail2.read_inbox
+  - mail2.slow
   - mail.update_memory_block
   - mail.crash
   - mail.widened
 agents:
   - id: assistant
     capabilities: [mail.read_inbox, mail.send_email, mail.wire_money, mail2.wire_money,
-                   mail.update_memory_block, mail.crash, mail.widened]
+                   mail2.read_inbox, mail2.slow, mail.update_memory_block, mail.crash,
+                   mail.widened]
   - id: helper
     parent: assistant
     capabilities: [mail.read_inbox, mail.send_email, mail.update_memory_block]
@@ -183,7 +191,7 @@ class GatewayTest(unittest.TestCase):
         # Undeclared and widened tools are never listed, for anyone.
         self.assertEqual(sorted(root), ["mail.crash", "mail.read_inbox", "mail.send_email",
                                         "mail.update_memory_block", "mail.wire_money",
-                                        "mail2.wire_money"])
+                                        "mail2.read_inbox", "mail2.slow", "mail2.wire_money"])
         # The child holds update_memory_block, but it is a block write surface.
         self.assertEqual(sorted(child), ["mail.read_inbox", "mail.send_email"])
         # The declared schema is what the client sees.
@@ -350,6 +358,17 @@ class GatewayTest(unittest.TestCase):
         self.assertFalse(after.isError, text_of(after))
         reads = self.calls("read_inbox")
         self.assertNotEqual(reads[-1]["pid"], reads[-2]["pid"], "a new process answered")
+
+    def test_an_upstream_timeout_fails_that_call_only(self):
+        async def work(s):
+            late = await s.call_tool("mail2.slow", {"seconds": 5})
+            after = await s.call_tool("mail2.read_inbox", {})
+            return late, after
+
+        late, after = self.mcp(self.assistant_token, work)
+        self.assertTrue(late.isError)
+        self.assertIn("did not answer within 1000 ms", text_of(late))
+        self.assertFalse(after.isError, text_of(after))
 
     # ----- identity -----
 

@@ -143,8 +143,12 @@ pub fn check_tools(policy: &Policy, server: &str, tools: &[Tool]) -> ToolCheck {
     out
 }
 
+/// The least time a server gets to start and list its tools.
+pub const STARTUP_TIMEOUT_MS: u64 = 30_000;
+
 /// Launch `config`'s server, complete the MCP handshake and read its
-/// tools (each step within its `call_timeout_ms`). The server's
+/// tools (each step within its `call_timeout_ms`, and at least
+/// [`STARTUP_TIMEOUT_MS`]). The server's
 /// environment is `PATH` and its `env:` only, unless `inherit_env`.
 pub async fn connect(
     config: &McpServer,
@@ -177,7 +181,7 @@ pub async fn connect(
     }
     cmd.envs(env);
     let transport = TokioChildProcess::new(cmd).map_err(|e| start(e.to_string()))?;
-    let timeout = Duration::from_millis(config.call_timeout_ms);
+    let timeout = Duration::from_millis(config.call_timeout_ms.max(STARTUP_TIMEOUT_MS));
     let service = tokio::time::timeout(timeout, ().serve(transport))
         .await
         .map_err(|_| start(format!("no handshake within {} ms", timeout.as_millis())))?
@@ -319,7 +323,10 @@ impl Upstream {
         if conn.as_ref().is_some_and(|c| c.generation == generation)
             && let Some(c) = conn.take()
         {
-            let _ = c.service.cancel().await;
+            // Stopping waits for the process to exit: not under the lock.
+            tokio::spawn(async move {
+                let _ = c.service.cancel().await;
+            });
         }
         Err(failure)
     }
