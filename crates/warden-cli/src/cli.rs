@@ -68,6 +68,19 @@ enum Command {
         #[command(subcommand)]
         command: PolicyCommand,
     },
+    /// A stdio MCP server for clients that launch their servers as
+    /// subprocesses: relays every message to a running `warden serve`'s
+    /// `/mcp` with the agent's token (from `WARDEN_TOKEN`), so every tool
+    /// call is decided there. Stops when stdin ends.
+    Mcp {
+        /// The server's base URL (plain http).
+        #[arg(long, default_value = "http://127.0.0.1:7070")]
+        url: String,
+        /// Bind every call to this session (opened through the API, e.g.
+        /// with the user's request as a trusted input).
+        #[arg(long)]
+        session: Option<String>,
+    },
     /// Decision log tools.
     Audit {
         #[command(subcommand)]
@@ -108,6 +121,20 @@ enum PolicyCommand {
     },
     /// Print the bundle's JSON Schema.
     Schema,
+    /// Write a starter bundle for an MCP server to stdout: launches
+    /// COMMAND over stdio, reads its tools and declares each (schema,
+    /// output trust untrusted, tags from its annotations, provenance rules
+    /// proposed for target-like arguments, all marked for review). Grants
+    /// nothing.
+    Init {
+        /// The server's name in the bundle (tool `T` becomes action
+        /// `NAME.T`).
+        #[arg(long)]
+        mcp: String,
+        /// The server's command and arguments (after `--`).
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
 }
 
 /// Run a parsed command line.
@@ -134,7 +161,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Policy { command } => match command {
             PolicyCommand::Lint { file } => crate::policy::lint(&file),
             PolicyCommand::Schema => crate::policy::schema(),
+            PolicyCommand::Init { mcp, command } => crate::mcp::init(&mcp, &command),
         },
+        Command::Mcp { url, session } => crate::mcp::run(url, session),
         Command::Audit { command } => match command {
             AuditCommand::Verify {
                 database,

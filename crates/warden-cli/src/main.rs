@@ -9,6 +9,7 @@ mod check;
 mod cli;
 mod demo;
 mod example;
+mod mcp;
 mod policy;
 mod serve;
 mod store;

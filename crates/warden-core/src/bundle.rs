@@ -26,8 +26,9 @@ use crate::hierarchy::{AgentSpec, Hierarchy, HierarchyError, HierarchyLimits};
 use crate::ids::{ActionName, AgentId, Key, Namespace};
 use crate::json::{PathSeg, render_path};
 use crate::lockdown::{self, BLOCK_WRITE_TAG};
+use crate::mcp::{McpServer, McpServerSpec, compile_servers};
 use crate::memory::{Combinator, RecordClass, Visibility};
-use crate::provenance::{IndexLimits, Otherwise};
+use crate::provenance::{IndexLimits, Otherwise, OutputSpec};
 use crate::sop::SopLimits;
 use crate::time::Timestamp;
 
@@ -68,6 +69,10 @@ pub struct BundleSpec {
     /// standard base64.
     #[serde(default)]
     pub trusted_issuers: BTreeMap<String, String>,
+    /// Upstream MCP servers the gateway reaches (see [`crate::mcp`]): tool
+    /// `T` of server `S` is the action `S.T`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mcp_servers: BTreeMap<String, McpServerSpec>,
 }
 
 /// The `sessions:` section.
@@ -391,6 +396,7 @@ pub struct Policy {
     pub spec: BundleSpec,
     sessions: SessionPolicy,
     trusted_issuers: BTreeMap<IssuerId, VerifyingKey>,
+    mcp_servers: Vec<McpServer>,
 }
 
 /// Parse bundle text (YAML or JSON) into its spec, with located syntax errors.
@@ -429,7 +435,28 @@ impl Policy {
             );
         }
 
-        let catalogue = match ActionCatalogue::compile(&spec.actions) {
+        // Upstream MCP servers; a tool's action without an `output:` gets
+        // its server's trust.
+        let mcp_servers = compile_servers(&spec.mcp_servers, &mut push);
+        let mut actions = std::borrow::Cow::Borrowed(&spec.actions);
+        for server in &mcp_servers {
+            let prefix = format!("{}.", server.name);
+            let defaults: Vec<ActionName> = actions
+                .iter()
+                .filter(|(n, a)| n.as_str().starts_with(&prefix) && a.output.is_none())
+                .map(|(n, _)| n.clone())
+                .collect();
+            for name in defaults {
+                if let Some(a) = actions.to_mut().get_mut(&name) {
+                    a.output = Some(OutputSpec {
+                        trust: server.trust,
+                        fields: BTreeMap::new(),
+                    });
+                }
+            }
+        }
+
+        let catalogue = match ActionCatalogue::compile(&actions) {
             Ok(c) => Some(c),
             Err(e) => {
                 push(e.location(), e.to_string());
@@ -592,6 +619,7 @@ impl Policy {
             spec,
             sessions,
             trusted_issuers,
+            mcp_servers,
         })
     }
 
@@ -616,6 +644,11 @@ impl Policy {
             .filter(|a| set.contains(a.index().get()))
             .map(|a| a.name().clone())
             .collect()
+    }
+
+    /// The `mcp_servers:` section, by name.
+    pub fn mcp_servers(&self) -> &[McpServer] {
+        &self.mcp_servers
     }
 
     /// The `sessions:` section (its defaults when the bundle has none).
@@ -836,6 +869,7 @@ mod tests {
             "limits",
             "sessions",
             "trusted_issuers",
+            "mcp_servers",
         ] {
             assert!(props.contains_key(field), "{field}");
         }
@@ -876,6 +910,64 @@ mod tests {
         assert!(lines.contains(&"context.restrictions.untrusted_export: once held, escalates to a human actions tagged `export`, but only a call with an argument value that comes from nothing but untrusted, none".to_owned()), "{lines:?}");
         let schema = schema().to_string();
         assert!(schema.contains("when_arguments_from"));
+    }
+
+    #[test]
+    fn mcp_tools_default_to_their_servers_trust() {
+        use crate::provenance::Origin;
+        let p = compile(
+            "policy_version: s\n\
+             mcp_servers:\n  \
+               mail: {command: [python3, m.py], trust: trusted}\n  \
+               web: {url: 'http://127.0.0.1:1/mcp', trust: untrusted}\n\
+             actions:\n  \
+               mail.read: {}\n  \
+               mail.fetch: {output: {trust: untrusted}}\n  \
+               web.get: {}\n  \
+               other.x: {}\n",
+        )
+        .unwrap();
+        let names: Vec<&str> = p.mcp_servers().iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, vec!["mail", "web"]);
+        let trust = |a: &str| {
+            p.catalogue
+                .by_name(a)
+                .unwrap()
+                .provenance()
+                .output()
+                .origins()
+        };
+        assert_eq!(trust("mail.read"), vec![Origin::Trusted]);
+        assert_eq!(trust("mail.fetch"), vec![Origin::Untrusted]);
+        assert_eq!(trust("web.get"), vec![Origin::Untrusted]);
+        assert_eq!(trust("other.x"), vec![Origin::Untrusted]);
+        // The spec is kept as written.
+        assert!(
+            p.spec
+                .actions
+                .values()
+                .filter(|a| a.output.is_some())
+                .count()
+                == 1
+        );
+    }
+
+    #[test]
+    fn bad_mcp_servers_are_located_with_the_rest() {
+        assert_eq!(
+            issues(
+                "policy_version: s\nmcp_servers:\n  m: {command: [], trust: trusted}\n  \
+                 n: {url: nope, trust: trusted}\nenvironment_capabilities: [m.x]\n"
+            )
+            .into_iter()
+            .map(|(l, _)| l)
+            .collect::<Vec<_>>(),
+            vec![
+                "mcp_servers.m.command".to_owned(),
+                "mcp_servers.n.url".to_owned(),
+                "environment_capabilities[0]".to_owned(),
+            ]
+        );
     }
 
     fn issues(text: &str) -> Vec<(String, String)> {

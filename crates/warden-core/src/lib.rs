@@ -19,6 +19,7 @@
 //! - [`plan`]: plans (SOPs with call-time bindings): parsing, matching a
 //!   call to its planned step, admission.
 //! - [`lockdown`]: the delegation write-surface predicate and config checks.
+//! - [`mcp`]: the `mcp_servers:` section and the schema compatibility check.
 //! - [`envelope`]: context envelopes, aggregation, delegation, signatures.
 //! - [`provenance`]: value provenance: normalised matching against keyed
 //!   fingerprints of recorded sources, and the per-argument gate.
@@ -35,6 +36,7 @@ pub mod hierarchy;
 pub mod ids;
 pub mod json;
 pub mod lockdown;
+pub mod mcp;
 pub mod memory;
 pub mod plan;
 pub mod preflight;

@@ -42,6 +42,7 @@ pub mod auth;
 pub mod body;
 mod console;
 pub mod error;
+mod mcp;
 mod metered;
 pub mod metrics;
 mod middleware;

@@ -13,8 +13,8 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use warden_core::audit::AuditDraft;
@@ -56,6 +56,18 @@ pub struct Metrics {
     requests: Mutex<RequestStats>,
     /// Requests being handled now.
     in_flight: AtomicI64,
+    /// More metrics rendered after these (the MCP gateway's counters).
+    sources: Mutex<Vec<Source>>,
+}
+
+/// A renderer of more metrics in the text format.
+#[derive(Clone)]
+struct Source(Arc<dyn Fn() -> String + Send + Sync>);
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Source")
+    }
 }
 
 /// Counts a request as in flight until dropped (also when the client goes
@@ -147,8 +159,24 @@ impl Metrics {
             .unwrap_or(0)
     }
 
+    /// Render `source`'s metrics after these, in every [`Metrics::render`].
+    pub fn add_source(&self, source: Arc<dyn Fn() -> String + Send + Sync>) {
+        if let Ok(mut s) = self.sources.lock() {
+            s.push(Source(source));
+        }
+    }
+
     /// The registry in the Prometheus text exposition format (0.0.4).
     pub fn render(&self) -> String {
+        let mut out = self.render_own();
+        let sources = self.sources.lock().map(|s| s.clone()).unwrap_or_default();
+        for s in sources {
+            out.push_str(&(s.0)());
+        }
+        out
+    }
+
+    fn render_own(&self) -> String {
         let mut out = String::with_capacity(4096);
         out.push_str(
             "# HELP warden_decisions_total Governance decisions appended to the audit log.\n",

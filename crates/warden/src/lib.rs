@@ -49,6 +49,7 @@ pub mod sessions;
 mod steps;
 mod tickets;
 mod tokens;
+pub mod tool_listing;
 
 pub use access::{
     AgentRead, AgentVisibility, Authentication, EnvelopeRead, RouteRefusal, RunAccess,

@@ -649,6 +649,7 @@ routes! {
 pub fn router<S: Store>(state: AppState<S>) -> Router {
     with_routes(Router::new())
         .nest("/console", crate::console::router())
+        .merge(crate::mcp::routes(&state))
         .fallback(meta::no_route)
         .method_not_allowed_fallback(meta::method_not_allowed)
         .layer(from_fn_with_state(
