@@ -13,8 +13,9 @@
 # differ) and times Warden, interleaving nothing with Python (Python runs
 # first, then Warden's RUNS runs).
 #
-# Environment: AGT_VENV (default /tmp/agt-venv), AGT_SCRIPT (default the
-# shared bench script), PYTHON (default python3), CARGO_TARGET_DIR.
+# Environment: AGT_VENV (default /tmp/agt-venv), AGT_SCRIPT (default
+# ../shared/bench/agt_envelope_bench.py beside the checkout), PYTHON
+# (default python3), CARGO_TARGET_DIR.
 set -euo pipefail
 
 runs=${1:-3}
@@ -22,13 +23,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 out=${2:-$root/target/warden-bench/agt}
 venv=${AGT_VENV:-/tmp/agt-venv}
-script=${AGT_SCRIPT:-}
-if [ -z "$script" ]; then
-    for c in "$root/../shared/bench/agt_envelope_bench.py" /work/shared/bench/agt_envelope_bench.py; do
-        if [ -f "$c" ]; then script=$c; break; fi
-    done
-fi
-[ -f "$script" ] || { echo "agt_envelope_bench.py not found; set AGT_SCRIPT" >&2; exit 2; }
+script=${AGT_SCRIPT:-$root/../shared/bench/agt_envelope_bench.py}
+[ -f "$script" ] || { echo "agt_envelope_bench.py not found at $script; set AGT_SCRIPT" >&2; exit 2; }
 mkdir -p "$out"
 
 if [ ! -x "$venv/bin/python" ]; then
