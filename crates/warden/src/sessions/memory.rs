@@ -17,18 +17,15 @@
 //! record, without the value (only its fingerprint is kept): read again
 //! under a new call id.
 
-use std::sync::Arc;
-
 use serde_json::{Map, Value, json};
-use warden_core::decision::{Decision, Verdict};
+use warden_core::decision::Decision;
 use warden_core::ids::{AgentId, SessionId};
 use warden_core::preflight::{MEMORY_READ, MEMORY_WRITE};
 use warden_core::provenance::SourceId;
-use warden_store::{CallRecord, CallStatus, SessionUpdate, Store};
+use warden_store::{CallRecord, CallStatus, Store};
 
-use super::session_reasons as sr;
 use super::{CallAnswer, MAX_SESSION_ATTEMPTS, digest_of};
-use crate::engine::{Caller, Engine, ops};
+use crate::engine::{Caller, Engine};
 use crate::error::{ConflictKind, EngineError, Missing};
 use crate::steps::{MemoryCall, StepResult};
 
@@ -104,54 +101,25 @@ impl<S: Store> Engine<S> {
                         .fields_indexed;
                 }
             }
-            let failed = outcome.error.is_some();
-            let mut done = stored.clone();
-            done.status = if failed {
-                CallStatus::Failed
-            } else {
-                CallStatus::Completed
-            };
-            done.result_hash = Some(hash);
-            done.result_labels = labels.clone();
-            done.completed_at = Some(now);
-            let d = self.decision(
-                caller,
-                Verdict::Allow,
-                if failed {
-                    sr::CALL_FAILED
-                } else {
-                    sr::CALL_RESULT_RECORDED
-                },
-                ops::SESSION_RESULT,
-                resource.clone(),
-                now,
-            );
-            let draft = self.draft(&d).with_details(json!({
-                "session_id": session_id,
-                "call_id": call.call_id,
-                "action": call.action,
+            let extra = json!({
                 "executed_by": "engine",
-                "result_hash": hash.to_hex(),
                 "error": outcome.error,
-                "labels": labels,
                 "fields_indexed": indexed,
-            }));
-            let mut session = state.session.clone();
-            session.revision += 1;
-            let update = SessionUpdate {
-                session,
-                sources: Some(index.to_bytes()),
-                call: Some(done.clone()),
-            };
-            if self
-                .commit_session(update, state.session.revision, draft)
+            });
+            if let Some((_, done)) = self
+                .commit_result(
+                    caller,
+                    &state.session,
+                    &stored,
+                    index,
+                    hash,
+                    labels,
+                    outcome.error.is_some(),
+                    extra,
+                    now,
+                )
                 .await?
             {
-                self.inner.session_indexes.put(
-                    session_id.clone(),
-                    state.session.revision + 1,
-                    Arc::new(index),
-                );
                 let result = match &outcome.error {
                     Some(e) => json!({"error": e}),
                     None => outcome.result.clone().unwrap_or(Value::Null),

@@ -134,53 +134,24 @@ impl<S: Store> Engine<S> {
                 ),
             }
             .map_err(|e| EngineError::input("result", e))?;
-            let failed = report.error.is_some();
-            let mut done = call.clone();
-            done.status = if failed {
-                CallStatus::Failed
-            } else {
-                CallStatus::Completed
-            };
-            done.result_hash = Some(hash);
-            done.result_labels = labels.clone();
-            done.completed_at = Some(now);
-            let d = self.decision(
-                caller,
-                Verdict::Allow,
-                if failed {
-                    sr::CALL_FAILED
-                } else {
-                    sr::CALL_RESULT_RECORDED
-                },
-                ops::SESSION_RESULT,
-                resource.clone(),
-                now,
-            );
-            let draft = self.draft(&d).with_details(json!({
-                "session_id": session_id,
-                "call_id": call_id,
-                "action": call.action,
-                "result_hash": hash.to_hex(),
-                "labels": labels,
+            let extra = json!({
                 "fields_indexed": recorded.fields_indexed,
                 "fields_unsearchable": recorded.fields_unsearchable,
-            }));
-            let mut session = state.session.clone();
-            session.revision += 1;
-            let update = SessionUpdate {
-                session,
-                sources: Some(index.to_bytes()),
-                call: Some(done.clone()),
-            };
-            if self
-                .commit_session(update, state.session.revision, draft)
+            });
+            if let Some((d, done)) = self
+                .commit_result(
+                    caller,
+                    &state.session,
+                    &call,
+                    index,
+                    hash,
+                    labels,
+                    report.error.is_some(),
+                    extra,
+                    now,
+                )
                 .await?
             {
-                self.inner.session_indexes.put(
-                    session_id.clone(),
-                    state.session.revision + 1,
-                    Arc::new(index),
-                );
                 return Ok(CallAnswer {
                     decision: d,
                     call: done,
@@ -193,6 +164,76 @@ impl<S: Store> Engine<S> {
             kind: ConflictKind::SessionContention,
             id: session_id.to_string(),
         })
+    }
+
+    /// Write a call's result: the call completed (or failed, `failed`) with
+    /// `hash` and `labels`, the session's index replaced by `index`, by
+    /// compare-and-set on `session`'s revision, with its decision
+    /// (`call_result_recorded` / `call_failed`) and `extra` in the audit
+    /// entry. The decision and the call as written; `None` when another
+    /// writer won (the caller reads the head again).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn commit_result(
+        &self,
+        caller: &Caller,
+        session: &warden_store::SessionRecord,
+        call: &warden_store::CallRecord,
+        index: SourceIndex,
+        hash: warden_core::audit::Digest,
+        labels: Vec<Label>,
+        failed: bool,
+        extra: Value,
+        now: warden_core::time::Timestamp,
+    ) -> Result<Option<(warden_core::decision::Decision, warden_store::CallRecord)>, EngineError>
+    {
+        let mut done = call.clone();
+        done.status = if failed {
+            CallStatus::Failed
+        } else {
+            CallStatus::Completed
+        };
+        done.result_hash = Some(hash);
+        done.result_labels = labels.clone();
+        done.completed_at = Some(now);
+        let d = self.decision(
+            caller,
+            Verdict::Allow,
+            if failed {
+                sr::CALL_FAILED
+            } else {
+                sr::CALL_RESULT_RECORDED
+            },
+            ops::SESSION_RESULT,
+            format!("{}:{}", session.session_id, call.call_id),
+            now,
+        );
+        let mut details = json!({
+            "session_id": session.session_id,
+            "call_id": call.call_id,
+            "action": call.action,
+            "result_hash": hash.to_hex(),
+            "labels": labels,
+        });
+        if let (Value::Object(d), Value::Object(more)) = (&mut details, extra) {
+            d.extend(more);
+        }
+        let draft = self.draft(&d).with_details(details);
+        let mut next = session.clone();
+        next.revision += 1;
+        let update = SessionUpdate {
+            session: next,
+            sources: Some(index.to_bytes()),
+            call: Some(done.clone()),
+        };
+        if !self.commit_session(update, session.revision, draft).await? {
+            return Ok(None);
+        }
+        self.inner.session_indexes.put(
+            session.session_id.clone(),
+            session.revision + 1,
+            Arc::new(index),
+        );
+        Ok(Some((d, done)))
     }
 
     /// Fold a result's labels (reported, declared by the action, and the
