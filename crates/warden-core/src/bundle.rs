@@ -596,6 +596,16 @@ impl Policy {
                     ),
                 );
             }
+            // A grant names an agent that exists: a grant to an id nobody
+            // holds yet would go to whoever registers it first.
+            for (j, g) in m.grants.iter().enumerate() {
+                if hierarchy.index_of(g.as_str()).is_none() {
+                    push(
+                        format!("{loc}.grants[{j}]"),
+                        format!("unknown agent `{g}`: a secret is granted to an agent that exists"),
+                    );
+                }
+            }
             if let Err(msg) = seed_class(m) {
                 push(loc, msg);
             }
@@ -877,6 +887,19 @@ mod tests {
         for word in ["unplanned", "max_recorded_bytes", "max_sources"] {
             assert!(text.contains(word), "{word}");
         }
+    }
+
+    #[test]
+    fn a_secret_seed_grants_only_existing_agents() {
+        let found = issues(
+            "policy_version: g\nenvironment_capabilities: []\nagents:\n  - {id: owner}\nmemory:\n  - {owner: owner, namespace: keys, key: k, value: s, class: secret, grants: [owner, ghost]}\n",
+        );
+        assert!(
+            found
+                .iter()
+                .any(|(at, m)| at == "memory[0].grants[1]" && m.contains("ghost")),
+            "{found:?}"
+        );
     }
 
     #[test]

@@ -275,6 +275,21 @@ impl<S: Store> Engine<S> {
 
     /// [`Engine::write`], recording `pre` in the same transaction, before
     /// the write's own entry.
+    /// A secret's grant must name an agent that exists: a grant to an id
+    /// nobody holds yet would go to whoever registers it first (any agent
+    /// may register it as its own child). Agent ids are never reused, so
+    /// a grant stays bound to the agent it named.
+    fn unknown_grantee(&self, put: &Put) -> Result<Option<Reason>, EngineError> {
+        let Some(warden_core::memory::RecordClass::Secret { grants }) = &put.class else {
+            return Ok(None);
+        };
+        let state = self.read_state()?;
+        Ok(grants
+            .iter()
+            .any(|g| state.hierarchy.index_of(g.as_str()).is_none())
+            .then(|| Reason::with_param(warden_core::memory::INVALID_RECORD, "unknown_grantee")))
+    }
+
     pub(crate) async fn write_recorded(
         &self,
         actor: &AgentId,
@@ -296,7 +311,10 @@ impl<S: Store> Engine<S> {
         };
         let checked = match self.lineage_of(actor, ops::MEMORY_WRITE)? {
             Err(reason) => Err(reason),
-            Ok(_) => check_write(actor, &put),
+            Ok(_) => match check_write(actor, &put) {
+                Err(reason) => Err(reason),
+                Ok(()) => self.unknown_grantee(&put)?.map_or(Ok(()), Err),
+            },
         };
         if let Err(reason) = checked {
             let status = if reason.kind() == INVALID_RECORD {

@@ -10,6 +10,7 @@ mod acceptance;
 mod access;
 mod adversarial;
 mod envelopes;
+mod grants;
 mod lockdown;
 mod nodes;
 mod properties;
