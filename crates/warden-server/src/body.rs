@@ -99,9 +99,12 @@ pub fn from_value<T: DeserializeOwned>(value: Value) -> Result<T, ApiError> {
     })
 }
 
+/// Whether the body is declared JSON: `application/json` or
+/// `application/*+json`. A body without a `content-type` is refused too (the
+/// README's 415), so nothing is ever read as JSON by guessing.
 fn content_type_ok(headers: &HeaderMap) -> bool {
     let Some(ct) = headers.get(header::CONTENT_TYPE) else {
-        return true;
+        return false;
     };
     let Ok(ct) = ct.to_str() else {
         return false;

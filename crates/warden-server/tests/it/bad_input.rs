@@ -234,6 +234,12 @@ async fn bad_input_is_refused_precisely_and_changes_nothing() {
             "invalid_record",
         ),
         case("unsupported media type", put(mem, r).raw("value=1").header("content-type", "text/plain"), 415, "unsupported_media_type"),
+        case(
+            "a JSON body without a content-type",
+            put(mem, r).json(&json!({"value": 1})).without_content_type(),
+            415,
+            "unsupported_media_type",
+        ),
         // --- sizes ------------------------------------------------------------
         case(
             "value over the per-value limit",

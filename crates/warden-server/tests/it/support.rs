@@ -100,6 +100,8 @@ pub struct Req {
     pub token: Option<String>,
     pub body: Option<Vec<u8>>,
     pub headers: Vec<(String, String)>,
+    /// Send the body without a `content-type` (one is added otherwise).
+    pub bare: bool,
 }
 
 impl Req {
@@ -110,7 +112,13 @@ impl Req {
             token: None,
             body: None,
             headers: Vec::new(),
+            bare: false,
         }
+    }
+    /// Send the body without a `content-type` header.
+    pub fn without_content_type(mut self) -> Self {
+        self.bare = true;
+        self
     }
     pub fn token(mut self, t: &str) -> Self {
         self.token = Some(t.to_owned());
@@ -154,7 +162,7 @@ pub async fn send(addr: SocketAddr, req: Req) -> Resp {
         .headers
         .iter()
         .any(|(k, _)| k.eq_ignore_ascii_case("content-type"));
-    if req.body.is_some() && !has_ct {
+    if req.body.is_some() && !has_ct && !req.bare {
         b = b.header("content-type", "application/json");
     }
     for (k, v) in &req.headers {
