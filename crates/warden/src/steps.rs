@@ -263,7 +263,13 @@ impl<S: Store> Engine<S> {
         {
             return Ok(refused);
         }
-        let (decision, draft, gated) = match self.gate_step(actor, &state.run, &step, now).await? {
+        // The step's arguments, read once: decided by the gate, then handed
+        // to the caller.
+        let arguments = Value::Object(step_arguments(&state.run, step_id));
+        let (decision, draft, gated) = match self
+            .gate_step(actor, &state.run, &step, &arguments, now)
+            .await?
+        {
             ContextGate::Denied(decision) => {
                 return Ok(StepGate::Refused {
                     decision,
@@ -285,7 +291,9 @@ impl<S: Store> Engine<S> {
                 gated,
             } => (decision, draft, gated),
         };
-        let arguments = step_arguments(&state.run, step_id);
+        let Value::Object(arguments) = arguments else {
+            return Err(EngineError::internal("a step's arguments are an object"));
+        };
         let ticket = Ticket {
             actor: actor.clone(),
             gated,

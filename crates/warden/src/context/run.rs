@@ -112,6 +112,7 @@ impl<S: Store> Engine<S> {
         actor: &AgentId,
         run: &RunRecord,
         step: &RunStep,
+        arguments: &Value,
         now: Timestamp,
     ) -> Result<ContextGate, EngineError> {
         let caller = Caller::Agent(actor.clone());
@@ -120,7 +121,6 @@ impl<S: Store> Engine<S> {
             (Some(policy), Some(id)) => Some(self.load_envelope(policy, id).await?),
             _ => None,
         };
-        let arguments = Value::Object(crate::steps::step_arguments(run, &step.step_id));
         let position = run
             .steps
             .iter()
@@ -136,7 +136,7 @@ impl<S: Store> Engine<S> {
                 &GateCall {
                     actor,
                     action: step.action.as_str(),
-                    arguments: &arguments,
+                    arguments,
                     plan: PlanUse::Literal {
                         index: position,
                         step_id: &step.step_id,
@@ -387,15 +387,24 @@ impl<S: Store> Engine<S> {
         gated: Option<&Gated>,
         now: Timestamp,
     ) -> Result<Option<Folded>, EngineError> {
-        let (Some(_), Some(envelope_id)) = (self.context_policy(), &run.envelope_id) else {
+        let (Some(policy), Some(envelope_id)) = (self.context_policy(), &run.envelope_id) else {
             return Ok(None);
         };
-        let arguments = Value::Object(crate::steps::step_arguments(run, &step.step_id));
+        // The argument origins matter only when the gate is decided here
+        // (no ticket) and a restriction applies by origin.
+        let origins = if gated.is_none() && policy.has_conditional_restrictions() {
+            literal_origins(&Value::Object(crate::steps::step_arguments(
+                run,
+                &step.step_id,
+            )))
+        } else {
+            Vec::new()
+        };
         self.fold_labels(
             &Caller::Agent(actor.clone()),
             envelope_id,
             step.action.as_str(),
-            &literal_origins(&arguments),
+            &origins,
             reported,
             gated,
             json!({"run_id": run.run_id, "step_id": step.step_id}),
