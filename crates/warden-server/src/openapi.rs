@@ -143,6 +143,230 @@ fn by_status(errors: &[ErrorDoc]) -> Vec<(u16, Vec<&ErrorDoc>)> {
     groups
 }
 
+/// An OpenAPI link: an answer of operation `from` supplies parameters (and
+/// a body) of operation `to`, so a stateful client reaches what `from`
+/// created (agents, tokens, records, runs, sessions, escalations).
+struct Link {
+    /// The `operationId` answering.
+    from: &'static str,
+    /// The statuses of `from` that carry the link.
+    statuses: &'static [u16],
+    /// The `operationId` linked to (also the link's name).
+    to: &'static str,
+    /// `to`'s parameters: name and runtime expression.
+    parameters: &'static [(&'static str, &'static str)],
+    /// `to`'s request body, JSON that may hold runtime expressions.
+    body: Option<&'static str>,
+}
+
+const fn link(
+    from: &'static str,
+    statuses: &'static [u16],
+    to: &'static str,
+    parameters: &'static [(&'static str, &'static str)],
+) -> Link {
+    Link {
+        from,
+        statuses,
+        to,
+        parameters,
+        body: None,
+    }
+}
+
+const AGENT_ID: &[(&str, &str)] = &[("id", "$response.body#/agent_id")];
+const TOKEN_ID: &[(&str, &str)] = &[("token_id", "$response.body#/token_id")];
+const RECORD: &[(&str, &str)] = &[
+    ("namespace", "$response.body#/namespace"),
+    ("key", "$response.body#/key"),
+];
+const RECORD_AT_REVISION: &[(&str, &str)] = &[
+    ("namespace", "$response.body#/namespace"),
+    ("key", "$response.body#/key"),
+    ("expected_revision", "$response.body#/revision"),
+];
+const RUN: &[(&str, &str)] = &[("run", "$response.body#/run_id")];
+const FIRST_STEP: &[(&str, &str)] = &[
+    ("run", "$response.body#/run_id"),
+    ("step", "$response.body#/steps/0/step_id"),
+];
+const SAME_STEP: &[(&str, &str)] = &[
+    ("run", "$request.path.run"),
+    ("step", "$request.path.step"),
+];
+const SAME_RUN: &[(&str, &str)] = &[("run", "$request.path.run")];
+const SESSION: &[(&str, &str)] = &[("id", "$response.body#/session_id")];
+const SAME_SESSION: &[(&str, &str)] = &[("id", "$request.path.id")];
+const CALL: &[(&str, &str)] = &[
+    ("id", "$request.path.id"),
+    ("call", "$response.body#/call_id"),
+];
+const FIRST_ESCALATION: &[(&str, &str)] = &[("id", "$response.body#/escalations/0/escalation_id")];
+const ESCALATION: &[(&str, &str)] = &[("id", "$response.body#/escalation_id")];
+const REVIEWED: &[(&str, &str)] = &[("id", "$response.body#/escalation/escalation_id")];
+const HELD: &[(&str, &str)] = &[("id", "$response.body#/error/details/escalation_id")];
+
+/// Every link of the document.
+const LINKS: &[Link] = &[
+    link("registerAgent", &[201], "getAgent", AGENT_ID),
+    link("registerAgent", &[201], "issueToken", AGENT_ID),
+    link("registerAgent", &[201], "revokeAgent", AGENT_ID),
+    link("registerAgent", &[201], "revokeToken", TOKEN_ID),
+    link("delegate", &[201], "getAgent", AGENT_ID),
+    link("delegate", &[201], "issueToken", AGENT_ID),
+    link("delegate", &[201], "revokeAgent", AGENT_ID),
+    link("delegate", &[201], "revokeToken", TOKEN_ID),
+    Link {
+        body: Some(r#"{"agent_id": "sibling-child", "parent_id": "$response.body#/parent_id"}"#),
+        ..link("registerAgent", &[201], "delegate", &[])
+    },
+    link("getSelf", &[200], "getAgent", AGENT_ID),
+    link("getAgent", &[200], "issueToken", AGENT_ID),
+    link("getAgent", &[200], "revokeAgent", AGENT_ID),
+    link("issueToken", &[201], "revokeToken", TOKEN_ID),
+    link("issueToken", &[201], "getAgent", AGENT_ID),
+    link("writeMemory", &[201, 200], "readMemory", RECORD),
+    link("writeMemory", &[201, 200], "deleteMemory", RECORD_AT_REVISION),
+    link("readMemory", &[200], "writeMemory", RECORD),
+    Link {
+        body: Some(r#"{"sop": "$request.body#/sop"}"#),
+        ..link("validateSop", &[200], "admitRun", &[])
+    },
+    link("admitRun", &[201, 200], "beginStep", FIRST_STEP),
+    link("admitRun", &[201, 200], "completeStep", FIRST_STEP),
+    link("admitRun", &[201, 200], "getRunEnvelope", RUN),
+    link("admitRun", &[201, 200], "declassifyRun", RUN),
+    link("admitRun", &[201, 200], "exportRunEnvelope", RUN),
+    link("admitRun", &[201, 200], "runEnvelopeReceipt", RUN),
+    Link {
+        body: Some(r#"{"agent_id": "run-child", "from_run": "$response.body#/run_id"}"#),
+        ..link("admitRun", &[201, 200], "delegate", &[])
+    },
+    link("beginStep", &[200], "completeStep", SAME_STEP),
+    link("beginStep", &[200], "getRunEnvelope", SAME_RUN),
+    link("beginStep", &[403], "getEscalation", HELD),
+    link("beginStep", &[403], "approveEscalation", HELD),
+    link("beginStep", &[403], "rejectEscalation", HELD),
+    link("completeStep", &[200], "beginStep", SAME_STEP),
+    link("getRunEnvelope", &[200], "declassifyRun", SAME_RUN),
+    Link {
+        body: Some(r#"{"from_envelope": "$response.body"}"#),
+        ..link("exportRunEnvelope", &[200], "openSession", &[])
+    },
+    link("openSession", &[201, 200], "getSession", SESSION),
+    link("openSession", &[201, 200], "sessionCall", SESSION),
+    link("openSession", &[201, 200], "cancelSession", SESSION),
+    link("getSession", &[200], "sessionCall", SESSION),
+    link("getSession", &[200], "cancelSession", SESSION),
+    link("sessionCall", &[200], "recordCallResult", CALL),
+    link("sessionCall", &[200], "getSession", SAME_SESSION),
+    link("sessionCall", &[200], "getEscalation", ESCALATION),
+    link("listEscalations", &[200], "getEscalation", FIRST_ESCALATION),
+    link("listEscalations", &[200], "approveEscalation", FIRST_ESCALATION),
+    link("listEscalations", &[200], "rejectEscalation", FIRST_ESCALATION),
+    link("getEscalation", &[200], "approveEscalation", ESCALATION),
+    link("getEscalation", &[200], "rejectEscalation", ESCALATION),
+    link("approveEscalation", &[200], "getEscalation", REVIEWED),
+    link("rejectEscalation", &[200], "getEscalation", REVIEWED),
+    link("delegate", &[403], "getEscalation", HELD),
+    link("delegate", &[403], "approveEscalation", HELD),
+];
+
+/// A request body example per `operationId`, for the example bundle
+/// (`examples/report-hierarchy`): a client (or a schema-driven tester)
+/// starting from them reaches agents, records, runs and sessions.
+const BODY_EXAMPLES: &[(&str, &str)] = &[
+    (
+        "registerAgent",
+        r#"{"agent_id": "analyst", "parent_id": "report_manager", "capabilities": ["memory.read", "document.summarize"]}"#,
+    ),
+    (
+        "delegate",
+        r#"{"agent_id": "summariser", "capabilities": ["document.summarize"]}"#,
+    ),
+    (
+        "writeMemory",
+        r#"{"value": "EU", "visibility": "descendants"}"#,
+    ),
+    ("validateSop", REPORT_SOP),
+    ("admitRun", REPORT_SOP),
+    (
+        "completeStep",
+        r#"{"result": {"summary": "three findings"}, "result_labels": ["internal_document"]}"#,
+    ),
+    (
+        "declassifyRun",
+        r#"{"to": "internal", "justification": "reviewed by the report manager"}"#,
+    ),
+    (
+        "openSession",
+        r#"{"session_id": "session-1", "trusted_inputs": ["Summarise document fixture-1"]}"#,
+    ),
+    (
+        "sessionCall",
+        r#"{"call_id": "call-1", "action": "document.summarize", "arguments": {"document_id": "fixture-1"}}"#,
+    ),
+    (
+        "recordCallResult",
+        r#"{"result": {"summary": "three findings"}}"#,
+    ),
+    ("cancelSession", r#"{"reason": "the task is done"}"#),
+    ("rejectEscalation", r#"{"reason": "not needed for the report"}"#),
+];
+
+const REPORT_SOP: &str = r#"{"sop": {"sop_id": "prepare-report", "version": 1, "steps": [
+    {"step_id": "summarize", "action": "document.summarize", "arguments": {"document_id": "fixture-1"}},
+    {"step_id": "save", "action": "artifact.save", "arguments": {"path": "internal/report.txt"}}]}}"#;
+
+/// A path parameter example per parameter name, for the example bundle.
+const PARAM_EXAMPLES: &[(&str, &str)] = &[
+    ("namespace", "project"),
+    ("key", "client_region"),
+    ("run", "run-1"),
+    ("step", "summarize"),
+    ("call", "call-1"),
+];
+
+/// The links of `id`'s answer with `status`, by name.
+fn links(id: &str, status: u16) -> Map<String, Value> {
+    LINKS
+        .iter()
+        .filter(|l| l.from == id && l.statuses.contains(&status))
+        .map(|l| {
+            let mut link = Map::new();
+            link.insert("operationId".into(), json!(l.to));
+            if !l.parameters.is_empty() {
+                let params: Map<String, Value> = l
+                    .parameters
+                    .iter()
+                    .map(|(name, expr)| ((*name).to_owned(), json!(expr)))
+                    .collect();
+                link.insert("parameters".into(), Value::Object(params));
+            }
+            if let Some(body) = l.body {
+                link.insert(
+                    "requestBody".into(),
+                    serde_json::from_str(body).unwrap_or(Value::Null),
+                );
+            }
+            (l.to.to_owned(), Value::Object(link))
+        })
+        .collect()
+}
+
+/// Add the links of `id` to its `responses`.
+fn add_links(id: &str, responses: &mut Map<String, Value>) {
+    for (status, answer) in responses.iter_mut() {
+        let Ok(status) = status.parse::<u16>() else {
+            continue;
+        };
+        let found = links(id, status);
+        if let (false, Some(answer)) = (found.is_empty(), answer.as_object_mut()) {
+            answer.insert("links".into(), Value::Object(found));
+        }
+    }
+}
+
 fn operation(r: &RouteSchemas, m: &Model) -> Value {
     let route = r.route;
     let d = &route.doc;
@@ -167,13 +391,22 @@ fn operation(r: &RouteSchemas, m: &Model) -> Value {
             }),
         );
     }
+    add_links(d.id, &mut responses);
     let mut parameters: Vec<Value> = route
         .params()
         .map(|name| {
-            json!({
+            let mut p = json!({
                 "name": name, "in": "path", "required": true,
-                "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"}
-            })
+                "description": PATH_SEGMENT,
+                "schema": {
+                    "type": "string", "minLength": 1, "maxLength": 128,
+                    "pattern": "^[A-Za-z0-9._:-]*[A-Za-z0-9_:-][A-Za-z0-9._:-]*$"
+                }
+            });
+            if let Some((_, example)) = PARAM_EXAMPLES.iter().find(|(n, _)| *n == name) {
+                p["example"] = json!(example);
+            }
+            p
         })
         .collect();
     if let Some(query) = &r.query {
@@ -200,13 +433,20 @@ fn operation(r: &RouteSchemas, m: &Model) -> Value {
         op.insert("security".into(), json!([{"bearer": []}]));
     }
     if let Some(req) = &r.request {
+        let mut media = json!({"schema": req});
+        if let Some((_, example)) = BODY_EXAMPLES.iter().find(|(id, _)| *id == d.id) {
+            media["example"] = serde_json::from_str(example).unwrap_or(Value::Null);
+        }
         op.insert(
             "requestBody".into(),
-            json!({"required": true, "content": {"application/json": {"schema": req}}}),
+            json!({"required": true, "content": {"application/json": media}}),
         );
     }
     Value::Object(op)
 }
+
+/// What a path parameter is.
+const PATH_SEGMENT: &str = "An identifier (`[A-Za-z0-9._:-]`, 1 to 128 bytes). One made of dots only (`.`, `..`) cannot be named in a path: URL normalisation (RFC 3986) resolves it away.";
 
 /// A query field's description and its schema as a parameter's: a query
 /// parameter is absent rather than null, so the `null` alternative, the

@@ -177,6 +177,7 @@ pub(crate) const BODY_ERRORS: &[ErrorDoc] = &[
     fail(400, "malformed_json"),
     fail(400, "duplicate_key"),
     fail(400, "json_too_deep"),
+    fail(400, "body_unreadable"),
     fail(413, "body_too_large"),
     fail(415, "unsupported_media_type"),
     fail(422, "unknown_field"),
@@ -189,11 +190,15 @@ pub(crate) const PATH_ERRORS: &[ErrorDoc] =
     &[fail(400, "invalid_identifier"), fail(400, "invalid_path")];
 /// Errors every route that reads a query string may answer.
 pub(crate) const QUERY_ERRORS: &[ErrorDoc] = &[fail(400, "invalid_query")];
-/// Errors every route that reaches the store may answer.
+/// Errors every route may answer: the middleware turns a handler's panic
+/// into a 500 and a request over the server's timeout into a 503.
 pub(crate) const SERVER_ERRORS: &[ErrorDoc] = &[
     fail(500, "internal").note("logged, not detailed"),
     fail(503, "timeout"),
 ];
+/// Errors every route that reaches the store may answer.
+pub(crate) const STORE_ERRORS: &[ErrorDoc] =
+    &[fail(503, "unavailable").note("storage unreachable or not taking writes; retry")];
 
 impl Route {
     /// The names of the path parameters, in order.
@@ -227,8 +232,9 @@ impl Route {
         if d.request.is_some() {
             shared.extend_from_slice(BODY_ERRORS);
         }
+        shared.extend_from_slice(SERVER_ERRORS);
         if d.access != Access::Public {
-            shared.extend_from_slice(SERVER_ERRORS);
+            shared.extend_from_slice(STORE_ERRORS);
         }
         let mut all: Vec<ErrorDoc> = d.errors.to_vec();
         for e in shared {

@@ -8,6 +8,7 @@
 )]
 
 mod bad_input;
+mod conformance;
 mod console;
 mod context;
 mod identity;

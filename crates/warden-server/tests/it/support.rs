@@ -138,8 +138,10 @@ impl Req {
     }
 }
 
-/// Send `req` to `addr` on a fresh connection.
+/// Send `req` to `addr` on a fresh connection. The answer is checked
+/// against the OpenAPI document ([`crate::conformance::check`]).
 pub async fn send(addr: SocketAddr, req: Req) -> Resp {
+    let (method, path) = (req.method, req.path.clone());
     let stream = TcpStream::connect(addr).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
@@ -181,11 +183,13 @@ pub async fn send(addr: SocketAddr, req: Req) -> Resp {
         .unwrap()
         .to_bytes()
         .to_vec();
-    Resp {
+    let resp = Resp {
         status,
         headers,
         body,
-    }
+    };
+    crate::conformance::check(method, &path, &resp);
+    resp
 }
 
 /// Send raw bytes: `head` (request line and headers, ending in a blank
