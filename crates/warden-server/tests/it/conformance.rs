@@ -176,7 +176,6 @@ pub fn problems(method: &str, path: &str, resp: &Resp) -> Vec<String> {
 #[track_caller]
 pub fn check(method: &str, path: &str, resp: &Resp) {
     let found = problems(method, path, resp);
-    eprintln!("CHECKED {method} {path} {}", resp.status);
     assert!(
         found.is_empty(),
         "the answer departs from /openapi.json:\n{}",
@@ -184,9 +183,234 @@ pub fn check(method: &str, path: &str, resp: &Resp) {
     );
 }
 
+/// Whether `json` validates against the document's `schema` (converted).
+fn valid(schema: &Value, json: &Value) -> Result<(), String> {
+    let root = json!({
+        "allOf": [to_json_schema(schema)],
+        "components": {"schemas": doc().schemas},
+    });
+    let v = jsonschema::draft4::new(&root).map_err(|e| e.to_string())?;
+    let errors: Vec<String> = v.iter_errors(json).map(|e| e.to_string()).collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
+    }
+}
+
+/// The schema a JSON pointer reaches inside `schema`, through references,
+/// `allOf` / `anyOf` / `oneOf`, properties and array items (`None`: the
+/// pointer names nothing the schema describes). A schema that says
+/// nothing (any JSON) reaches everything.
+fn reach(schema: &Value, pointer: &[&str]) -> Option<Value> {
+    let schemas = &doc().document["components"]["schemas"];
+    let mut s = schema.clone();
+    loop {
+        if let Some(name) = s["$ref"].as_str() {
+            s = schemas[name.trim_start_matches("#/components/schemas/")].clone();
+        } else if let Some(alts) = s["allOf"].as_array().or(s["anyOf"].as_array()) {
+            let alts: Vec<&Value> = alts.iter().filter(|a| a["enum"] != json!([null])).collect();
+            match alts.as_slice() {
+                [one] => s = (*one).clone(),
+                _ => return pointer.is_empty().then_some(s),
+            }
+        } else {
+            break;
+        }
+    }
+    let Some((first, rest)) = pointer.split_first() else {
+        return Some(s);
+    };
+    if s.get("type").is_none() && s.get("properties").is_none() && s.get("oneOf").is_none() {
+        return Some(json!({}));
+    }
+    if s["type"] == json!("array") {
+        first.parse::<usize>().ok()?;
+        return reach(&s["items"], rest);
+    }
+    reach(s["properties"].get(*first)?, rest)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn operations() -> Vec<(String, String, Value)> {
+        let mut out = Vec::new();
+        for (path, methods) in doc().document["paths"].as_object().unwrap() {
+            for (method, op) in methods.as_object().unwrap() {
+                out.push((method.clone(), path.clone(), op.clone()));
+            }
+        }
+        out
+    }
+
+    fn codes(op: &Value, status: &str) -> Vec<String> {
+        op["responses"][status]["x-error-codes"]
+            .as_array()
+            .map(|c| c.iter().map(|c| c.as_str().unwrap().to_owned()).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn every_route_documents_the_answers_of_the_middleware_and_the_store() {
+        for (method, path, op) in operations() {
+            // Any handler may panic (500) and any request may time out
+            // (503): the middleware answers both, for every route.
+            assert!(codes(&op, "500").contains(&"internal".to_owned()), "{method} {path}");
+            assert!(codes(&op, "503").contains(&"timeout".to_owned()), "{method} {path}");
+            if op.get("security").is_some() {
+                assert!(
+                    codes(&op, "503").contains(&"unavailable".to_owned()),
+                    "{method} {path}"
+                );
+                for status in ["401", "403", "429"] {
+                    assert!(op["responses"][status].is_object(), "{method} {path} {status}");
+                }
+            }
+            if op.get("requestBody").is_some() {
+                for status in ["400", "413", "415", "422"] {
+                    assert!(op["responses"][status].is_object(), "{method} {path} {status}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn path_parameters_are_identifiers_that_survive_url_normalisation() {
+        let (_, _, op) = operations()
+            .into_iter()
+            .find(|(_, p, _)| p == "/v1/agents/{id}")
+            .unwrap();
+        let schema = &op["parameters"][0]["schema"];
+        for ok in ["report_manager", "a", "a.b", "..a", "run-1:2", &"x".repeat(128)] {
+            assert!(valid(schema, &json!(ok)).is_ok(), "{ok}");
+        }
+        for bad in [".", "..", "...", "", "a/b", "a b", &"x".repeat(129)] {
+            assert!(valid(schema, &json!(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn every_request_example_is_valid_for_its_schema() {
+        let mut seen = 0;
+        for (method, path, op) in operations() {
+            let media = &op["requestBody"]["content"]["application/json"];
+            if let Some(example) = media.get("example") {
+                valid(&media["schema"], example)
+                    .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+                seen += 1;
+            }
+            for p in op["parameters"].as_array().unwrap() {
+                if let Some(example) = p.get("example") {
+                    valid(&p["schema"], example).unwrap_or_else(|e| panic!("{path}: {e}"));
+                }
+            }
+        }
+        assert!(seen >= 10, "{seen}");
+    }
+
+    /// Every link names an operation, only parameters it has, a body only
+    /// where it reads one, and fields the answer it hangs on documents; and
+    /// the links reach runs, sessions and escalations from what creates
+    /// them.
+    #[test]
+    fn links_resolve_and_reach_runs_sessions_and_escalations() {
+        let ops = operations();
+        let by_id = |id: &str| {
+            ops.iter()
+                .find(|(_, _, op)| op["operationId"] == json!(id))
+                .map(|(_, _, op)| op.clone())
+                .unwrap_or_else(|| panic!("no operation {id}"))
+        };
+        let params = |op: &Value| -> Vec<String> {
+            op["parameters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p["name"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        let mut edges = Vec::new();
+        for (method, path, op) in &ops {
+            let from = op["operationId"].as_str().unwrap();
+            for (status, answer) in op["responses"].as_object().unwrap() {
+                let Some(links) = answer.get("links").and_then(Value::as_object) else {
+                    continue;
+                };
+                let schema = &answer["content"]["application/json"]["schema"];
+                for (name, link) in links {
+                    let at = format!("{method} {path} {status} -> {name}");
+                    let to = link["operationId"].as_str().unwrap();
+                    let target = by_id(to);
+                    let target_params = params(&target);
+                    let exprs = link["parameters"].as_object().cloned().unwrap_or_default();
+                    let mut exprs: Vec<Value> = exprs
+                        .iter()
+                        .map(|(param, expr)| {
+                            assert!(target_params.contains(param), "{at}: no parameter {param}");
+                            expr.clone()
+                        })
+                        .collect();
+                    // Every path parameter of the target is supplied.
+                    for p in target["parameters"].as_array().unwrap() {
+                        if p["in"] == json!("path") {
+                            assert!(
+                                link["parameters"].get(p["name"].as_str().unwrap()).is_some(),
+                                "{at}: path parameter {} not supplied",
+                                p["name"]
+                            );
+                        }
+                    }
+                    if let Some(body) = link.get("requestBody") {
+                        assert!(target.get("requestBody").is_some(), "{at}: no body");
+                        if let Some(o) = body.as_object() {
+                            exprs.extend(o.values().cloned());
+                        }
+                    }
+                    for expr in exprs {
+                        let Some(expr) = expr.as_str().filter(|e| e.starts_with('$')) else {
+                            continue;
+                        };
+                        if let Some(pointer) = expr.strip_prefix("$response.body#/") {
+                            let pointer: Vec<&str> = pointer.split('/').collect();
+                            assert!(reach(schema, &pointer).is_some(), "{at}: {expr}");
+                        } else if let Some(param) = expr.strip_prefix("$request.path.") {
+                            assert!(params(op).contains(&param.to_owned()), "{at}: {expr}");
+                        } else if let Some(pointer) = expr.strip_prefix("$request.body#/") {
+                            let body = &op["requestBody"]["content"]["application/json"]["schema"];
+                            let pointer: Vec<&str> = pointer.split('/').collect();
+                            assert!(reach(body, &pointer).is_some(), "{at}: {expr}");
+                        } else {
+                            assert_eq!(expr, "$response.body", "{at}");
+                        }
+                    }
+                    edges.push((from.to_owned(), to.to_owned()));
+                }
+            }
+        }
+        for (from, to) in [
+            ("registerAgent", "getAgent"),
+            ("registerAgent", "issueToken"),
+            ("registerAgent", "delegate"),
+            ("issueToken", "revokeToken"),
+            ("writeMemory", "readMemory"),
+            ("admitRun", "beginStep"),
+            ("admitRun", "getRunEnvelope"),
+            ("beginStep", "completeStep"),
+            ("beginStep", "approveEscalation"),
+            ("openSession", "sessionCall"),
+            ("sessionCall", "recordCallResult"),
+            ("listEscalations", "approveEscalation"),
+            ("listEscalations", "rejectEscalation"),
+            ("exportRunEnvelope", "openSession"),
+        ] {
+            assert!(
+                edges.contains(&(from.to_owned(), to.to_owned())),
+                "no link {from} -> {to}"
+            );
+        }
+    }
 
     fn resp(status: u16, content_type: &str, body: Value) -> Resp {
         let mut headers = hyper::HeaderMap::new();
