@@ -190,10 +190,7 @@ const FIRST_STEP: &[(&str, &str)] = &[
     ("run", "$response.body#/run_id"),
     ("step", "$response.body#/steps/0/step_id"),
 ];
-const SAME_STEP: &[(&str, &str)] = &[
-    ("run", "$request.path.run"),
-    ("step", "$request.path.step"),
-];
+const SAME_STEP: &[(&str, &str)] = &[("run", "$request.path.run"), ("step", "$request.path.step")];
 const SAME_RUN: &[(&str, &str)] = &[("run", "$request.path.run")];
 const SESSION: &[(&str, &str)] = &[("id", "$response.body#/session_id")];
 const SAME_SESSION: &[(&str, &str)] = &[("id", "$request.path.id")];
@@ -226,7 +223,12 @@ const LINKS: &[Link] = &[
     link("issueToken", &[201], "revokeToken", TOKEN_ID),
     link("issueToken", &[201], "getAgent", AGENT_ID),
     link("writeMemory", &[201, 200], "readMemory", RECORD),
-    link("writeMemory", &[201, 200], "deleteMemory", RECORD_AT_REVISION),
+    link(
+        "writeMemory",
+        &[201, 200],
+        "deleteMemory",
+        RECORD_AT_REVISION,
+    ),
     link("readMemory", &[200], "writeMemory", RECORD),
     Link {
         body: Some(r#"{"sop": "$request.body#/sop"}"#),
@@ -262,8 +264,18 @@ const LINKS: &[Link] = &[
     link("sessionCall", &[200], "getSession", SAME_SESSION),
     link("sessionCall", &[200], "getEscalation", ESCALATION),
     link("listEscalations", &[200], "getEscalation", FIRST_ESCALATION),
-    link("listEscalations", &[200], "approveEscalation", FIRST_ESCALATION),
-    link("listEscalations", &[200], "rejectEscalation", FIRST_ESCALATION),
+    link(
+        "listEscalations",
+        &[200],
+        "approveEscalation",
+        FIRST_ESCALATION,
+    ),
+    link(
+        "listEscalations",
+        &[200],
+        "rejectEscalation",
+        FIRST_ESCALATION,
+    ),
     link("getEscalation", &[200], "approveEscalation", ESCALATION),
     link("getEscalation", &[200], "rejectEscalation", ESCALATION),
     link("approveEscalation", &[200], "getEscalation", REVIEWED),
@@ -311,7 +323,10 @@ const BODY_EXAMPLES: &[(&str, &str)] = &[
         r#"{"result": {"summary": "three findings"}}"#,
     ),
     ("cancelSession", r#"{"reason": "the task is done"}"#),
-    ("rejectEscalation", r#"{"reason": "not needed for the report"}"#),
+    (
+        "rejectEscalation",
+        r#"{"reason": "not needed for the report"}"#,
+    ),
 ];
 
 const REPORT_SOP: &str = r#"{"sop": {"sop_id": "prepare-report", "version": 1, "steps": [

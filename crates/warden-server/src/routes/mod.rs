@@ -349,6 +349,7 @@ routes! {
         errors: &[
             fail(403, "not_an_ancestor").note("self"),
             fail(404, "not_found"),
+            fail(405, "method_not_allowed").note("`id` `self`: `/v1/agents/self` is the caller's own route, GET only"),
         ],
     }
     POST "/v1/agents/{id}/tokens" => agents::issue_token::<S>, {

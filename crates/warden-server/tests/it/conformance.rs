@@ -257,20 +257,32 @@ mod tests {
         for (method, path, op) in operations() {
             // Any handler may panic (500) and any request may time out
             // (503): the middleware answers both, for every route.
-            assert!(codes(&op, "500").contains(&"internal".to_owned()), "{method} {path}");
-            assert!(codes(&op, "503").contains(&"timeout".to_owned()), "{method} {path}");
+            assert!(
+                codes(&op, "500").contains(&"internal".to_owned()),
+                "{method} {path}"
+            );
+            assert!(
+                codes(&op, "503").contains(&"timeout".to_owned()),
+                "{method} {path}"
+            );
             if op.get("security").is_some() {
                 assert!(
                     codes(&op, "503").contains(&"unavailable".to_owned()),
                     "{method} {path}"
                 );
                 for status in ["401", "403", "429"] {
-                    assert!(op["responses"][status].is_object(), "{method} {path} {status}");
+                    assert!(
+                        op["responses"][status].is_object(),
+                        "{method} {path} {status}"
+                    );
                 }
             }
             if op.get("requestBody").is_some() {
                 for status in ["400", "413", "415", "422"] {
-                    assert!(op["responses"][status].is_object(), "{method} {path} {status}");
+                    assert!(
+                        op["responses"][status].is_object(),
+                        "{method} {path} {status}"
+                    );
                 }
             }
         }
@@ -283,7 +295,14 @@ mod tests {
             .find(|(_, p, _)| p == "/v1/agents/{id}")
             .unwrap();
         let schema = &op["parameters"][0]["schema"];
-        for ok in ["report_manager", "a", "a.b", "..a", "run-1:2", &"x".repeat(128)] {
+        for ok in [
+            "report_manager",
+            "a",
+            "a.b",
+            "..a",
+            "run-1:2",
+            &"x".repeat(128),
+        ] {
             assert!(valid(schema, &json!(ok)).is_ok(), "{ok}");
         }
         for bad in [".", "..", "...", "", "a/b", "a b", &"x".repeat(129)] {
@@ -297,8 +316,7 @@ mod tests {
         for (method, path, op) in operations() {
             let media = &op["requestBody"]["content"]["application/json"];
             if let Some(example) = media.get("example") {
-                valid(&media["schema"], example)
-                    .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+                valid(&media["schema"], example).unwrap_or_else(|e| panic!("{method} {path}: {e}"));
                 seen += 1;
             }
             for p in op["parameters"].as_array().unwrap() {
@@ -356,7 +374,9 @@ mod tests {
                     for p in target["parameters"].as_array().unwrap() {
                         if p["in"] == json!("path") {
                             assert!(
-                                link["parameters"].get(p["name"].as_str().unwrap()).is_some(),
+                                link["parameters"]
+                                    .get(p["name"].as_str().unwrap())
+                                    .is_some(),
                                 "{at}: path parameter {} not supplied",
                                 p["name"]
                             );
@@ -445,8 +465,12 @@ mod tests {
         let p = problems(
             "GET",
             "/v1/audit/verify",
-            &resp(200, "application/json", json!({"valid": "yes", "count": 0,
-                  "head_seq": 0, "head_hash": "h"})),
+            &resp(
+                200,
+                "application/json",
+                json!({"valid": "yes", "count": 0,
+                  "head_seq": 0, "head_hash": "h"}),
+            ),
         );
         assert!(p.len() == 1 && p[0].contains("/valid"), "{p:?}");
         let p = problems("GET", "/healthz", &resp(418, "application/json", json!({})));
@@ -463,7 +487,11 @@ mod tests {
         let created = json!({"agent_id": "a", "parent_id": null, "token": "t",
                              "token_id": "i", "effective_capabilities": []});
         assert_eq!(
-            problems("POST", "/v1/agents", &resp(201, "application/json", created)),
+            problems(
+                "POST",
+                "/v1/agents",
+                &resp(201, "application/json", created)
+            ),
             Vec::<String>::new()
         );
         assert_eq!(

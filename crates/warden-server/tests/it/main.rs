@@ -11,6 +11,7 @@ mod bad_input;
 mod conformance;
 mod console;
 mod context;
+mod edges;
 mod identity;
 mod lifecycle;
 mod lockdown;
