@@ -410,18 +410,22 @@ fn operation(r: &RouteSchemas, m: &Model) -> Value {
     let mut parameters: Vec<Value> = route
         .params()
         .map(|name| {
-            let mut p = json!({
-                "name": name, "in": "path", "required": true,
-                "description": PATH_SEGMENT,
-                "schema": {
+            let mut p = Map::new();
+            p.insert("name".into(), json!(name));
+            p.insert("in".into(), json!("path"));
+            p.insert("required".into(), json!(true));
+            p.insert("description".into(), json!(PATH_SEGMENT));
+            p.insert(
+                "schema".into(),
+                json!({
                     "type": "string", "minLength": 1, "maxLength": 128,
                     "pattern": "^[A-Za-z0-9._:-]*[A-Za-z0-9_:-][A-Za-z0-9._:-]*$"
-                }
-            });
+                }),
+            );
             if let Some((_, example)) = PARAM_EXAMPLES.iter().find(|(n, _)| *n == name) {
-                p["example"] = json!(example);
+                p.insert("example".into(), json!(example));
             }
-            p
+            Value::Object(p)
         })
         .collect();
     if let Some(query) = &r.query {
@@ -448,9 +452,13 @@ fn operation(r: &RouteSchemas, m: &Model) -> Value {
         op.insert("security".into(), json!([{"bearer": []}]));
     }
     if let Some(req) = &r.request {
-        let mut media = json!({"schema": req});
+        let mut media = Map::new();
+        media.insert("schema".into(), req.clone());
         if let Some((_, example)) = BODY_EXAMPLES.iter().find(|(id, _)| *id == d.id) {
-            media["example"] = serde_json::from_str(example).unwrap_or(Value::Null);
+            media.insert(
+                "example".into(),
+                serde_json::from_str(example).unwrap_or(Value::Null),
+            );
         }
         op.insert(
             "requestBody".into(),
