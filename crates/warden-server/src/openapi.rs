@@ -7,6 +7,14 @@
 //! responses as the server writes them (the serialize contract: a field is
 //! required unless the server may omit it, and an `Option` that is always
 //! written is required and nullable).
+//!
+//! Every status a route can answer is documented, from its own errors and
+//! the shared ones its kind implies ([`Route::errors`]). Links join the
+//! operations that create agents, tokens, records, runs, sessions and
+//! escalations to those that use them, and request examples (for the
+//! example bundle) give a client a valid start; the tests in
+//! `tests/it/conformance.rs` hold every answer of the server to the
+//! document.
 
 use std::fmt::Write as _;
 use std::sync::OnceLock;
@@ -203,7 +211,8 @@ const ESCALATION: &[(&str, &str)] = &[("id", "$response.body#/escalation_id")];
 const REVIEWED: &[(&str, &str)] = &[("id", "$response.body#/escalation/escalation_id")];
 const HELD: &[(&str, &str)] = &[("id", "$response.body#/error/details/escalation_id")];
 
-/// Every link of the document.
+/// Every link of the document. None leads from a lookup to a revocation:
+/// a stateful client following links revokes only what it created.
 const LINKS: &[Link] = &[
     link("registerAgent", &[201], "getAgent", AGENT_ID),
     link("registerAgent", &[201], "issueToken", AGENT_ID),
@@ -219,7 +228,6 @@ const LINKS: &[Link] = &[
     },
     link("getSelf", &[200], "getAgent", AGENT_ID),
     link("getAgent", &[200], "issueToken", AGENT_ID),
-    link("getAgent", &[200], "revokeAgent", AGENT_ID),
     link("issueToken", &[201], "revokeToken", TOKEN_ID),
     link("issueToken", &[201], "getAgent", AGENT_ID),
     link("writeMemory", &[201, 200], "readMemory", RECORD),
