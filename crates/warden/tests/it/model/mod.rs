@@ -1,0 +1,1263 @@
+//! Model-based tests: random sequences of operations over a small universe
+//! (five agent ids, two namespaces, two keys, a handful of capabilities,
+//! labels and SOPs, so operations collide often) run against the engine and
+//! against the reference model in [`reference`], on every backend
+//! (MemoryStore, SQLite, and PostgreSQL when `WARDEN_TEST_DATABASE_URL` is
+//! set). After every operation the test compares:
+//!
+//! - the outcome: verdict, reason (exactly where the model names it, by
+//!   its code family where the engine says more, e.g. a schema violation's
+//!   JSON pointer or an invalid record's detail), status, returned value
+//!   with owner and revision, a combined policy's contributors, the agents
+//!   a revocation took;
+//! - the stored state through the read APIs: every agent (parent, lineage,
+//!   status, declared and effective capabilities), every record at every
+//!   owner, namespace and key (value, visibility, class, revision), every
+//!   run's step outcomes and its envelope (labels, derived labels,
+//!   restrictions, sensitivity);
+//! - the decision log: exactly the entries the operation should add, by
+//!   operation, verdict and reason; no stored string value ever appears in
+//!   it; and the chain verifies at the end of the case.
+//!
+//! Operations are generated from plain indexes and flags, so proptest
+//! shrinks a failure to a short sequence of simple operations. Case counts
+//! are modest by default; `PROPTEST_CASES=N` runs more.
+
+mod reference;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use serde_json::Value;
+use warden::{
+    Admission, Caller, Completion, Engine, EngineError, ManualClock, ReadStatus, RegisterAgent,
+    Registration, Revocation, StepGate, StepResult, WriteRequest, WriteStatus,
+};
+use warden_core::decision::Verdict;
+use warden_core::ids::{ActionName, AgentId, Key, Label, Namespace, RunId, StepId};
+use warden_core::memory::{Combinator, RecordClass, Visibility};
+use warden_core::time::Timestamp;
+use warden_store::{StepStatus, Store};
+
+use reference::{
+    AGENTS, BeginOutcome, CAPS, Class, CompleteOutcome, KEYS, LABELS, LADDER, Model, NAMESPACES,
+    NOBODY, POLICY, RUN_IDS, ReadOutcome, RegOutcome, SOPS, STEP_IDS, Status, VALUES, Vis,
+    WriteOutcome,
+};
+
+/// One operation, in indexes into the universe.
+#[derive(Debug, Clone)]
+enum Op {
+    /// `caller` `None` is the operator.
+    Register {
+        caller: Option<usize>,
+        id: usize,
+        parent: Option<usize>,
+        caps: u16,
+    },
+    Revoke {
+        caller: Option<usize>,
+        target: usize,
+    },
+    Write {
+        actor: usize,
+        owner: Option<usize>,
+        ns: usize,
+        key: usize,
+        value: usize,
+        expected: Option<u64>,
+        visibility: Option<usize>,
+        class: Option<ClassGen>,
+    },
+    Delete {
+        actor: usize,
+        owner: Option<usize>,
+        ns: usize,
+        key: usize,
+        expected: Option<u64>,
+    },
+    Read {
+        reader: usize,
+        ns: usize,
+        key: usize,
+    },
+    Validate {
+        actor: usize,
+        sop: usize,
+    },
+    Admit {
+        actor: usize,
+        sop: usize,
+        run: usize,
+    },
+    /// `actor` `None`: the run's agent; `step` `None`: its first step
+    /// without an outcome.
+    Begin {
+        actor: Option<usize>,
+        run: usize,
+        step: Option<usize>,
+    },
+    /// As [`Op::Begin`]; `labels` is a bit set over [`LABELS`].
+    Complete {
+        actor: Option<usize>,
+        run: usize,
+        step: Option<usize>,
+        labels: u8,
+        error: bool,
+    },
+}
+
+#[derive(Debug, Clone)]
+enum ClassGen {
+    Preference,
+    Policy(usize),
+    /// Grants as a bit set over the agents; bit 5 is an id nobody has.
+    Secret(u8),
+    Task,
+}
+
+const COMBINATORS: [&str; 5] = ["all", "any", "min", "max", "intersection"];
+const VISIBILITIES: [Vis; 3] = [Vis::Private, Vis::Children, Vis::Descendants];
+
+/// An SOP to admit: mostly one whose steps the gate and the envelope
+/// decide (no memory steps, nothing preflight always refuses).
+fn runnable_sop() -> impl Strategy<Value = usize> {
+    prop_oneof![3 => prop::sample::select(vec![0usize, 1, 8]), 1 => 0..SOPS.len()]
+}
+
+/// A namespace or key index: mostly the first, so records collide.
+fn slot() -> impl Strategy<Value = usize> {
+    prop_oneof![3 => Just(0usize), 1 => Just(1)]
+}
+
+/// Reported labels: usually known ones, sometimes the unknown one.
+fn labels() -> impl Strategy<Value = u8> {
+    prop_oneof![4 => 0u8..16, 1 => 0u8..32]
+}
+
+fn agent_ix() -> impl Strategy<Value = usize> {
+    0..AGENTS.len()
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let register = prop_oneof![
+        // The operator: a root, or a child of anyone.
+        (agent_ix(), prop::option::of(agent_ix()), caps()).prop_map(|(id, parent, caps)| {
+            Op::Register {
+                caller: None,
+                id,
+                parent,
+                caps,
+            }
+        }),
+        // Delegation: an agent registers its own child.
+        (agent_ix(), agent_ix(), caps()).prop_map(|(id, p, caps)| Op::Register {
+            caller: Some(p),
+            id,
+            parent: Some(p),
+            caps,
+        }),
+        // An agent registering someone else's child.
+        (agent_ix(), agent_ix(), prop::option::of(agent_ix()), caps()).prop_map(
+            |(id, c, parent, caps)| Op::Register {
+                caller: Some(c),
+                id,
+                parent,
+                caps,
+            }
+        ),
+    ];
+    let class = prop_oneof![
+        1 => Just(ClassGen::Preference),
+        3 => (0..COMBINATORS.len()).prop_map(ClassGen::Policy),
+        2 => (0u8..64).prop_map(ClassGen::Secret),
+        1 => Just(ClassGen::Task),
+    ];
+    let write = (
+        agent_ix(),
+        prop::option::weighted(0.2, agent_ix()),
+        slot(),
+        slot(),
+        0..VALUES.len(),
+        prop::option::weighted(0.4, 0u64..4),
+        prop::option::weighted(
+            0.7,
+            prop_oneof![1 => Just(0usize), 1 => Just(1), 3 => Just(2)],
+        ),
+        prop::option::weighted(0.6, class),
+        prop::bool::weighted(0.7),
+    )
+        .prop_map(
+            |(actor, owner, ns, key, value, expected, visibility, class, fit)| {
+                // Mostly a record its class accepts: a value the
+                // combinator takes, a secret or task kept private.
+                let (value, visibility) = match (&class, fit) {
+                    (Some(ClassGen::Policy(c)), true) => {
+                        (2 * (c / 2).min(2) + value % 2, visibility)
+                    }
+                    (Some(ClassGen::Secret(_) | ClassGen::Task), true) => {
+                        (value, visibility.filter(|v| *v == 0))
+                    }
+                    _ => (value, visibility),
+                };
+                Op::Write {
+                    actor,
+                    owner,
+                    ns,
+                    key,
+                    value,
+                    expected,
+                    visibility,
+                    class,
+                }
+            },
+        );
+    prop_oneof![
+        3 => register,
+        1 => (prop::option::of(agent_ix()), agent_ix())
+            .prop_map(|(caller, target)| Op::Revoke { caller, target }),
+        8 => write,
+        1 => (
+            agent_ix(),
+            prop::option::weighted(0.2, agent_ix()),
+            slot(),
+            slot(),
+            prop::option::of(0u64..4),
+        )
+            .prop_map(|(actor, owner, ns, key, expected)| Op::Delete {
+                actor,
+                owner,
+                ns,
+                key,
+                expected
+            }),
+        5 => (agent_ix(), slot(), slot())
+            .prop_map(|(reader, ns, key)| Op::Read { reader, ns, key }),
+        1 => (agent_ix(), 0..SOPS.len()).prop_map(|(actor, sop)| Op::Validate { actor, sop }),
+        3 => (agent_ix(), runnable_sop(), 0..RUN_IDS.len())
+            .prop_map(|(actor, sop, run)| Op::Admit { actor, sop, run }),
+        4 => (prop::option::weighted(0.15, agent_ix()), 0..RUN_IDS.len(), prop::option::weighted(0.3, 0..STEP_IDS.len()))
+            .prop_map(|(actor, run, step)| Op::Begin { actor, run, step }),
+        4 => (
+            prop::option::weighted(0.15, agent_ix()),
+            0..RUN_IDS.len(),
+            prop::option::weighted(0.3, 0..STEP_IDS.len()),
+            labels(),
+            prop::bool::weighted(0.1),
+        )
+            .prop_map(|(actor, run, step, labels, error)| Op::Complete {
+                actor,
+                run,
+                step,
+                labels,
+                error
+            }),
+    ]
+}
+
+/// Declared capabilities: often all of them, so that runs get admitted.
+fn caps() -> impl Strategy<Value = u16> {
+    prop_oneof![
+        2 => Just((1u16 << CAPS.len()) - 1),
+        1 => (0u16..512).prop_map(|m| m | 0b11),
+        1 => 0u16..512,
+    ]
+}
+
+/// A sequence: a forest over the universe first (agent `i` a root or the
+/// child of an earlier one, registered by the operator or delegated by its
+/// parent), so that most operations meet agents that exist, then the
+/// random operations.
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    let setup = prop::collection::vec(
+        (
+            any::<prop::sample::Index>(),
+            prop::bool::weighted(0.7),
+            caps(),
+            any::<bool>(),
+            // Shrinks to false: a minimal case registers only the agents
+            // it needs.
+            prop::bool::weighted(0.9),
+        ),
+        AGENTS.len(),
+    )
+    .prop_map(|agents| {
+        agents
+            .into_iter()
+            .enumerate()
+            .filter(|(_, (.., present))| *present)
+            .map(|(id, (pick, child, caps, delegated, _))| {
+                let parent = (child && id > 0).then(|| pick.index(id));
+                Op::Register {
+                    caller: if delegated { parent } else { None },
+                    id,
+                    parent,
+                    caps,
+                }
+            })
+            .collect::<Vec<_>>()
+    });
+    (setup, prop::collection::vec(op(), 1..48)).prop_map(|(mut setup, ops)| {
+        setup.extend(ops);
+        setup
+    })
+}
+
+// ----------------------------------------------------------------------
+// Conversions between the universe's indexes and engine values
+// ----------------------------------------------------------------------
+
+fn aid(i: usize) -> AgentId {
+    AgentId::parse(AGENTS[i]).unwrap()
+}
+
+fn caps_of(mask: u16) -> BTreeSet<String> {
+    CAPS.iter()
+        .enumerate()
+        .filter(|(i, _)| mask & (1 << i) != 0)
+        .map(|(_, c)| c.to_string())
+        .collect()
+}
+
+fn grants_of(mask: u8) -> Vec<String> {
+    let mut out: Vec<String> = AGENTS
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| mask & (1 << i) != 0)
+        .map(|(_, a)| a.to_string())
+        .collect();
+    if mask & (1 << AGENTS.len()) != 0 {
+        out.push(NOBODY.into());
+    }
+    out
+}
+
+fn model_class(c: &ClassGen) -> Class {
+    match c {
+        ClassGen::Preference => Class::Preference,
+        ClassGen::Policy(i) => Class::Policy(COMBINATORS[*i]),
+        ClassGen::Secret(m) => Class::Secret(grants_of(*m)),
+        ClassGen::Task => Class::Task,
+    }
+}
+
+fn engine_class(c: &Class) -> RecordClass {
+    match c {
+        Class::Preference => RecordClass::Preference,
+        Class::Policy(name) => RecordClass::Policy {
+            combine: match *name {
+                "all" => Combinator::All,
+                "any" => Combinator::Any,
+                "min" => Combinator::Min,
+                "max" => Combinator::Max,
+                _ => Combinator::Intersection,
+            },
+        },
+        Class::Secret(grants) => RecordClass::Secret {
+            grants: grants.iter().map(|g| AgentId::parse(g).unwrap()).collect(),
+        },
+        Class::Task => RecordClass::Task { expires_at: None },
+    }
+}
+
+fn engine_vis(v: Vis) -> Visibility {
+    match v {
+        Vis::Private => Visibility::Private,
+        Vis::Children => Visibility::Children,
+        Vis::Descendants => Visibility::Descendants,
+    }
+}
+
+fn kind(reason: &str) -> &str {
+    reason.split_once(':').map_or(reason, |(k, _)| k)
+}
+
+macro_rules! check {
+    ($cond:expr, $($fmt:tt)*) => {
+        if !$cond {
+            return Err(format!($($fmt)*));
+        }
+    };
+}
+
+macro_rules! check_eq {
+    ($left:expr, $right:expr, $($fmt:tt)*) => {
+        match (&$left, &$right) {
+            (l, r) => {
+                if l != r {
+                    return Err(format!("{}: engine {:?}, model {:?}", format!($($fmt)*), l, r));
+                }
+            }
+        }
+    };
+}
+
+/// An expected audit entry: operation, verdict, and the reason (exactly,
+/// by its code family when it ends in `:*`, or not compared when `None`).
+#[derive(Debug, Clone)]
+struct Entry {
+    op: &'static str,
+    verdict: Verdict,
+    reason: Option<String>,
+}
+
+fn entry(op: &'static str, verdict: Verdict, reason: &str) -> Entry {
+    Entry {
+        op,
+        verdict,
+        reason: Some(reason.to_string()),
+    }
+}
+
+// ----------------------------------------------------------------------
+// The driver
+// ----------------------------------------------------------------------
+
+/// With `MODEL_STATS` set: how often each (operation, reason code) was
+/// recorded, printed after the in-memory run (how much the cases cover).
+static STATS: std::sync::Mutex<std::collections::BTreeMap<String, u64>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// The engine and the model side by side.
+struct Pair<S> {
+    engine: Engine<S>,
+    model: Model,
+}
+
+impl<S: Store> Pair<S> {
+    async fn audit_count(&self) -> u64 {
+        self.engine.audit_head().await.unwrap().count
+    }
+
+    /// Apply `op` to both; compare outcomes and the entries it recorded.
+    async fn step(&mut self, op: &Op) -> Result<(), String> {
+        let before = self.audit_count().await;
+        let expected = self.apply(op).await?;
+        let entries = self.engine.audit_page(before, usize::MAX).await.unwrap();
+        let got: Vec<(String, Verdict, String)> = entries
+            .iter()
+            .map(|e| {
+                (
+                    e.draft.operation.clone(),
+                    e.draft.verdict,
+                    e.draft.reason.clone(),
+                )
+            })
+            .collect();
+        let matches = got.len() == expected.len()
+            && got.iter().zip(&expected).all(|((op, v, r), e)| {
+                op == e.op
+                    && *v == e.verdict
+                    && e.reason
+                        .as_ref()
+                        .is_none_or(|want| match want.strip_suffix(":*") {
+                            Some(family) => kind(r) == family,
+                            None => r == want,
+                        })
+            });
+        check!(
+            matches,
+            "{op:?}: recorded entries {got:?}, model expects {expected:?}"
+        );
+        if std::env::var_os("MODEL_STATS").is_some() {
+            let mut stats = STATS.lock().unwrap();
+            for (op, _, reason) in &got {
+                *stats.entry(format!("{op} {}", kind(reason))).or_default() += 1;
+            }
+        }
+        for e in &entries {
+            let text = serde_json::to_string(e).unwrap();
+            check!(
+                !text.contains("sv-"),
+                "{op:?}: a stored value reached the log: {text}"
+            );
+        }
+        self.compare_state()
+            .await
+            .map_err(|e| format!("after {op:?}: {e}"))
+    }
+
+    async fn apply(&mut self, op: &Op) -> Result<Vec<Entry>, String> {
+        let e = &self.engine;
+        let m = &mut self.model;
+        Ok(match op {
+            Op::Register {
+                caller,
+                id,
+                parent,
+                caps,
+            } => {
+                let declared = caps_of(*caps);
+                let req = RegisterAgent {
+                    id: aid(*id),
+                    parent: parent.map(aid),
+                    capabilities: declared
+                        .iter()
+                        .map(|c| ActionName::parse(c).unwrap())
+                        .collect(),
+                    tools: None,
+                    config: None,
+                };
+                let who = caller.map_or(Caller::Operator, |c| Caller::Agent(aid(c)));
+                let got = e
+                    .register_agent(&who, req)
+                    .await
+                    .map_err(|e| format!("{op:?}: {e}"))?;
+                let want = m.register(
+                    caller.map(|c| AGENTS[c]),
+                    AGENTS[*id],
+                    parent.map(|p| AGENTS[p]),
+                    declared,
+                );
+                match (&got, &want) {
+                    (Registration::Registered { decision, .. }, RegOutcome::Registered) => {
+                        check_eq!(decision.verdict, Verdict::Allow, "{op:?}");
+                        vec![entry("agent.register", Verdict::Allow, "agent_registered")]
+                    }
+                    (Registration::Refused { decision, .. }, RegOutcome::Refused(reason)) => {
+                        check_eq!(decision.reason.as_str(), *reason, "{op:?}");
+                        vec![entry("agent.register", Verdict::Deny, reason)]
+                    }
+                    _ => return Err(format!("{op:?}: engine {got:?}, model {want:?}")),
+                }
+            }
+            Op::Revoke { caller, target } => {
+                let who = caller.map_or(Caller::Operator, |c| Caller::Agent(aid(c)));
+                let got = e.revoke_agent(&who, &aid(*target)).await;
+                let want = m.revoke(caller.map(|c| AGENTS[c]), AGENTS[*target]);
+                match (got, want) {
+                    (Err(EngineError::NotFound { .. }), Err(())) => vec![],
+                    (Ok(Revocation::Refused { decision }), Ok(None)) => {
+                        check_eq!(decision.reason.as_str(), "not_an_ancestor", "{op:?}");
+                        vec![entry("agent.revoke", Verdict::Deny, "not_an_ancestor")]
+                    }
+                    (Ok(Revocation::Revoked { agents, .. }), Ok(Some(subtree))) => {
+                        let agents: BTreeSet<String> =
+                            agents.iter().map(|a| a.to_string()).collect();
+                        check_eq!(agents, subtree, "{op:?}: revoked");
+                        vec![entry("agent.revoke", Verdict::Allow, "revoked")]
+                    }
+                    (got, want) => return Err(format!("{op:?}: engine {got:?}, model {want:?}")),
+                }
+            }
+            Op::Write {
+                actor,
+                owner,
+                ns,
+                key,
+                value,
+                expected,
+                visibility,
+                class,
+            } => {
+                let class = class.as_ref().map(model_class);
+                let visibility = visibility.map(|v| VISIBILITIES[v]);
+                let value = VALUES[*value]();
+                let req = WriteRequest {
+                    namespace: Namespace::parse(NAMESPACES[*ns]).unwrap(),
+                    key: Key::parse(KEYS[*key]).unwrap(),
+                    value: value.clone(),
+                    owner_agent_id: owner.map(aid),
+                    expected_revision: *expected,
+                    visibility: visibility.map(engine_vis),
+                    class: class.as_ref().map(engine_class),
+                };
+                let got = e
+                    .write(&aid(*actor), req)
+                    .await
+                    .map_err(|e| format!("{op:?}: {e}"))?;
+                let want = m.write(
+                    AGENTS[*actor],
+                    owner.map(|o| AGENTS[o]),
+                    NAMESPACES[*ns],
+                    KEYS[*key],
+                    value,
+                    *expected,
+                    visibility,
+                    class,
+                );
+                let reason = got.decision.reason.as_str().to_string();
+                match (&got.status, &want) {
+                    (WriteStatus::Done, WriteOutcome::Done(rev)) => {
+                        check_eq!(
+                            got.record.as_ref().map(|r| r.revision),
+                            Some(*rev),
+                            "{op:?}"
+                        );
+                        vec![entry("memory.write", Verdict::Allow, "owner_write")]
+                    }
+                    (WriteStatus::Conflict, WriteOutcome::Conflict(current)) => {
+                        check_eq!(got.current_revision, *current, "{op:?}");
+                        vec![entry("memory.write", Verdict::Deny, "revision_conflict")]
+                    }
+                    (WriteStatus::Denied, WriteOutcome::Denied(r)) => {
+                        check_eq!(reason.as_str(), *r, "{op:?}");
+                        vec![entry("memory.write", Verdict::Deny, r)]
+                    }
+                    (WriteStatus::InvalidRecord, WriteOutcome::Invalid(p)) => {
+                        let want = format!("invalid_record:{p}");
+                        check_eq!(reason, want, "{op:?}");
+                        vec![entry("memory.write", Verdict::Deny, &want)]
+                    }
+                    _ => return Err(format!("{op:?}: engine {got:?}, model {want:?}")),
+                }
+            }
+            Op::Delete {
+                actor,
+                owner,
+                ns,
+                key,
+                expected,
+            } => {
+                let got = e
+                    .delete(
+                        &aid(*actor),
+                        owner.map(aid),
+                        Namespace::parse(NAMESPACES[*ns]).unwrap(),
+                        Key::parse(KEYS[*key]).unwrap(),
+                        *expected,
+                    )
+                    .await
+                    .map_err(|e| format!("{op:?}: {e}"))?;
+                let want = m.delete(
+                    AGENTS[*actor],
+                    owner.map(|o| AGENTS[o]),
+                    NAMESPACES[*ns],
+                    KEYS[*key],
+                    *expected,
+                );
+                let reason = got.decision.reason.as_str().to_string();
+                match (&got.status, &want) {
+                    (WriteStatus::Done, WriteOutcome::Done(rev)) => {
+                        check_eq!(got.revision, Some(*rev), "{op:?}");
+                        vec![entry("memory.delete", Verdict::Allow, "owner_delete")]
+                    }
+                    (WriteStatus::Conflict, WriteOutcome::Conflict(current)) => {
+                        check_eq!(got.current_revision, *current, "{op:?}");
+                        vec![entry("memory.delete", Verdict::Deny, "revision_conflict")]
+                    }
+                    (WriteStatus::NotFound, WriteOutcome::NotFound) => {
+                        vec![entry("memory.delete", Verdict::Deny, "record_not_found")]
+                    }
+                    (WriteStatus::Denied, WriteOutcome::Denied(r)) => {
+                        check_eq!(reason.as_str(), *r, "{op:?}");
+                        vec![entry("memory.delete", Verdict::Deny, r)]
+                    }
+                    _ => return Err(format!("{op:?}: engine {got:?}, model {want:?}")),
+                }
+            }
+            Op::Read { reader, ns, key } => {
+                let got = e
+                    .read(
+                        &aid(*reader),
+                        &Namespace::parse(NAMESPACES[*ns]).unwrap(),
+                        &Key::parse(KEYS[*key]).unwrap(),
+                    )
+                    .await
+                    .map_err(|e| format!("{op:?}: {e}"))?;
+                let want = m.read(AGENTS[*reader], NAMESPACES[*ns], KEYS[*key]);
+                let reason = got.decision.reason.as_str().to_string();
+                match (&got.status, &want) {
+                    (
+                        ReadStatus::Found,
+                        ReadOutcome::Found {
+                            reason: r,
+                            value,
+                            owner,
+                            revision,
+                            contributors,
+                        },
+                    ) => {
+                        check_eq!(&reason, r, "{op:?}: reason");
+                        let v = got.value.as_ref().unwrap();
+                        check_eq!(&v.value, value, "{op:?}: value");
+                        check_eq!(v.owner_agent_id.as_str(), owner.as_str(), "{op:?}: owner");
+                        check_eq!(v.revision, *revision, "{op:?}: revision");
+                        let c: Vec<String> = v
+                            .contributors
+                            .iter()
+                            .map(|c| c.owner_agent_id.to_string())
+                            .collect();
+                        check_eq!(&c, contributors, "{op:?}: contributors");
+                        vec![entry("memory.read", Verdict::Allow, r)]
+                    }
+                    (ReadStatus::Hidden, ReadOutcome::Hidden(r))
+                    | (ReadStatus::Denied, ReadOutcome::Denied(r)) => {
+                        check_eq!(&reason, r, "{op:?}: reason");
+                        check!(got.value.is_none(), "{op:?}: a value with a refusal");
+                        vec![entry("memory.read", Verdict::Deny, r)]
+                    }
+                    _ => return Err(format!("{op:?}: engine {got:?}, model {want:?}")),
+                }
+            }
+            Op::Validate { actor, sop } => {
+                let parsed = parse_sop(e, *sop);
+                let got = e
+                    .validate_sop(&aid(*actor), &parsed)
+                    .await
+                    .map_err(|e| format!("{op:?}: {e}"))?;
+                let want = m.preflight(AGENTS[*actor], *sop);
+                compare_preflight(op, &got, &want)?;
+                step_entries(&want)
+            }
+            Op::Admit { actor, sop, run } => {
+                let parsed = parse_sop(e, *sop);
+                let got = e
+                    .admit_run(
+                        &aid(*actor),
+                        &parsed,
+                        Some(RunId::parse(RUN_IDS[*run]).unwrap()),
+                    )
+                    .await;
+                let want = m.admit(AGENTS[*actor], *sop, RUN_IDS[*run]);
+                match (got, want) {
+                    (Err(EngineError::Conflict { .. }), Err(())) => vec![],
+                    (Ok(Admission::Rejected(pf)), Ok((v, false))) => {
+                        compare_preflight(op, &pf, &v)?;
+                        check!(v.iter().any(|s| !s.is_empty()), "{op:?}: model admits");
+                        let mut out = step_entries(&v);
+                        out.push(entry("run.admit", Verdict::Deny, "run_rejected"));
+                        out
+                    }
+                    (
+                        Ok(Admission::Admitted {
+                            existing,
+                            preflight,
+                            ..
+                        }),
+                        Ok((v, created)),
+                    ) => {
+                        compare_preflight(op, &preflight, &v)?;
+                        check_eq!(existing, !created, "{op:?}: existing");
+                        if created {
+                            let mut out = step_entries(&v);
+                            out.push(entry("run.admit", Verdict::Allow, "run_admitted"));
+                            out.push(Entry {
+                                op: "context.open",
+                                verdict: Verdict::Allow,
+                                reason: None,
+                            });
+                            out
+                        } else {
+                            vec![]
+                        }
+                    }
+                    (got, want) => return Err(format!("{op:?}: engine {got:?}, model {want:?}")),
+                }
+            }
+            Op::Begin { actor, run, step } => {
+                let (actor, step) = m.resolve_step(*actor, *run, *step);
+                let (actor, step) = (&actor, &step);
+                if is_memory_step(m, AGENTS[*actor], RUN_IDS[*run], STEP_IDS[*step]) {
+                    // The engine executes memory steps itself: outside the
+                    // model, so not begun (the operation is skipped).
+                    return Ok(vec![]);
+                }
+                let got = e
+                    .begin_step(
+                        &aid(*actor),
+                        &RunId::parse(RUN_IDS[*run]).unwrap(),
+                        &StepId::parse(STEP_IDS[*step]).unwrap(),
+                    )
+                    .await;
+                let want = m.begin(AGENTS[*actor], RUN_IDS[*run], STEP_IDS[*step]);
+                let d = |o: &StepGate| match o {
+                    StepGate::Proceed { decision, .. }
+                    | StepGate::Executed { decision, .. }
+                    | StepGate::Replay { decision, .. }
+                    | StepGate::Refused { decision, .. }
+                    | StepGate::Escalated { decision, .. } => decision.clone(),
+                };
+                match (got, &want) {
+                    (Err(EngineError::NotFound { .. }), BeginOutcome::NotFound) => vec![],
+                    (Ok(g @ StepGate::Replay { .. }), BeginOutcome::Replay) => {
+                        check_eq!(d(&g).reason.as_str(), "step_replayed", "{op:?}");
+                        vec![entry("step.begin", Verdict::Allow, "step_replayed")]
+                    }
+                    (Ok(g @ StepGate::Refused { .. }), BeginOutcome::RunStopped) => {
+                        check_eq!(d(&g).reason.as_str(), "run_stopped", "{op:?}");
+                        vec![entry("step.begin", Verdict::Deny, "run_stopped")]
+                    }
+                    (Ok(g @ StepGate::Refused { .. }), BeginOutcome::OutOfOrder) => {
+                        check_eq!(d(&g).reason.as_str(), "step_out_of_order", "{op:?}");
+                        vec![entry("step.begin", Verdict::Deny, "step_out_of_order")]
+                    }
+                    (Ok(g @ StepGate::Refused { .. }), BeginOutcome::Denied(r)) => {
+                        check_eq!(d(&g).reason.as_str(), r.as_str(), "{op:?}");
+                        vec![entry("step.begin", Verdict::Deny, r)]
+                    }
+                    (Ok(g @ StepGate::Proceed { .. }), BeginOutcome::Proceed(constrained)) => {
+                        let (verdict, reason) = if *constrained {
+                            (Verdict::Constrain, "context_constrained")
+                        } else {
+                            (Verdict::Allow, "step_allowed")
+                        };
+                        check_eq!(d(&g).verdict, verdict, "{op:?}");
+                        check_eq!(d(&g).reason.as_str(), reason, "{op:?}");
+                        vec![entry("step.begin", verdict, reason)]
+                    }
+                    (got, want) => return Err(format!("{op:?}: engine {got:?}, model {want:?}")),
+                }
+            }
+            Op::Complete {
+                actor,
+                run,
+                step,
+                labels,
+                error,
+            } => {
+                let (actor, step) = m.resolve_step(*actor, *run, *step);
+                let (actor, step) = (&actor, &step);
+                if m.runs
+                    .get(RUN_IDS[*run])
+                    .is_some_and(|r| r.agent == AGENTS[*actor] && r.stale.contains(STEP_IDS[*step]))
+                {
+                    // The known defect: skipped, not completed.
+                    return Ok(vec![]);
+                }
+                let names: Vec<&str> = LABELS
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| labels & (1 << i) != 0)
+                    .map(|(_, l)| *l)
+                    .collect();
+                let result = StepResult {
+                    result: None,
+                    result_labels: names.iter().map(|l| Label::parse(l).unwrap()).collect(),
+                    error: error.then(|| "handler failed".to_string()),
+                };
+                let got = e
+                    .complete_begun_step(
+                        &aid(*actor),
+                        &RunId::parse(RUN_IDS[*run]).unwrap(),
+                        &StepId::parse(STEP_IDS[*step]).unwrap(),
+                        result,
+                    )
+                    .await;
+                let want = m.complete(
+                    AGENTS[*actor],
+                    RUN_IDS[*run],
+                    STEP_IDS[*step],
+                    &names,
+                    *error,
+                );
+                match (got, &want) {
+                    (Err(EngineError::NotFound { .. }), CompleteOutcome::NotFound) => vec![],
+                    (Ok(Completion::NotBegun), CompleteOutcome::NotBegun) => vec![],
+                    (Ok(Completion::Recorded(o)), CompleteOutcome::Existing(s)) => {
+                        check_eq!(status(o.status), *s, "{op:?}");
+                        vec![]
+                    }
+                    (Ok(Completion::Recorded(o)), CompleteOutcome::Recorded(s, folded)) => {
+                        check_eq!(status(o.status), *s, "{op:?}");
+                        let mut out = Vec::new();
+                        if *folded {
+                            out.push(entry(
+                                "context.accumulate",
+                                Verdict::Allow,
+                                "context_accumulated",
+                            ));
+                        }
+                        out.push(match s {
+                            Status::Completed => {
+                                entry("step.complete", Verdict::Allow, "step_recorded")
+                            }
+                            _ => Entry {
+                                op: "step.complete",
+                                verdict: Verdict::Deny,
+                                reason: None,
+                            },
+                        });
+                        out
+                    }
+                    (got, want) => return Err(format!("{op:?}: engine {got:?}, model {want:?}")),
+                }
+            }
+        })
+    }
+
+    /// Compare everything stored with the model.
+    async fn compare_state(&self) -> Result<(), String> {
+        let m = &self.model;
+        for a in AGENTS {
+            let got = self.engine.agent(&AgentId::parse(a).unwrap());
+            let Some(want) = m.agents.get(a) else {
+                check!(
+                    matches!(got, Err(EngineError::NotFound { .. })),
+                    "agent {a}: engine {got:?}, model has none"
+                );
+                continue;
+            };
+            let got = got.map_err(|e| format!("agent {a}: {e}"))?;
+            check_eq!(
+                got.parent_id.as_ref().map(|p| p.to_string()),
+                want.parent,
+                "agent {a}: parent"
+            );
+            let lineage: Vec<String> = got.lineage.iter().map(|x| x.to_string()).collect();
+            check_eq!(lineage, m.lineage(a), "agent {a}: lineage");
+            check_eq!(
+                got.status == warden_core::hierarchy::AgentStatus::Active,
+                want.active,
+                "agent {a}: active"
+            );
+            let declared: BTreeSet<String> = got
+                .declared_capabilities
+                .iter()
+                .map(|c| c.to_string())
+                .collect();
+            check_eq!(declared, want.declared, "agent {a}: declared");
+            if want.active {
+                let effective: BTreeSet<String> = got
+                    .effective_capabilities
+                    .iter()
+                    .map(|c| c.to_string())
+                    .collect();
+                check_eq!(effective, m.effective(a), "agent {a}: effective");
+            }
+        }
+        let owners: Vec<AgentId> = AGENTS.iter().map(|a| AgentId::parse(a).unwrap()).collect();
+        for ns in NAMESPACES {
+            for key in KEYS {
+                let stored = self
+                    .engine
+                    .store()
+                    .get_records(
+                        Namespace::parse(ns).unwrap(),
+                        Key::parse(key).unwrap(),
+                        owners.clone(),
+                    )
+                    .await
+                    .unwrap();
+                for a in AGENTS {
+                    let got = stored.iter().find(|r| r.owner.as_str() == a);
+                    let want = m
+                        .records
+                        .get(&(a.to_string(), ns.to_string(), key.to_string()));
+                    match (got, want) {
+                        (None, None) => {}
+                        (Some(g), Some(w)) => {
+                            let place = format!("record {a}:{ns}.{key}");
+                            check_eq!(g.value, w.value, "{place}: value");
+                            check_eq!(
+                                g.visibility,
+                                engine_vis(w.visibility),
+                                "{place}: visibility"
+                            );
+                            check_eq!(g.class, engine_class(&w.class), "{place}: class");
+                            check_eq!(g.revision, w.revision, "{place}: revision");
+                        }
+                        (g, w) => {
+                            return Err(format!("record {a}:{ns}.{key}: engine {g:?}, model {w:?}"));
+                        }
+                    }
+                }
+            }
+        }
+        for run in RUN_IDS {
+            let rid = RunId::parse(run).unwrap();
+            let got = self.engine.store().get_run(rid.clone()).await.unwrap();
+            let Some(want) = m.runs.get(run) else {
+                check!(got.is_none(), "run {run}: engine has one, model none");
+                continue;
+            };
+            let got = got.ok_or_else(|| format!("run {run}: model has one, engine none"))?;
+            check_eq!(
+                got.run.agent.as_str(),
+                want.agent.as_str(),
+                "run {run}: agent"
+            );
+            let outcomes: Vec<(String, Status)> = got
+                .outcomes
+                .iter()
+                .map(|(s, o)| (s.to_string(), status(o.status)))
+                .collect();
+            let want_outcomes: Vec<(String, Status)> =
+                want.outcomes.iter().map(|(s, o)| (s.clone(), *o)).collect();
+            check_eq!(outcomes, want_outcomes, "run {run}: outcomes");
+            let env = self
+                .engine
+                .run_envelope(&rid)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("run {run}: no envelope"))?;
+            let names = |s: &BTreeSet<Label>| -> BTreeSet<String> {
+                s.iter().map(|l| l.to_string()).collect()
+            };
+            check_eq!(
+                names(&env.labels),
+                want.envelope.labels,
+                "run {run}: labels"
+            );
+            check_eq!(
+                names(&env.derived),
+                want.envelope.derived,
+                "run {run}: derived"
+            );
+            check_eq!(
+                names(&env.restrictions),
+                want.envelope.restrictions,
+                "run {run}: restrictions"
+            );
+            check_eq!(
+                serde_json::to_value(env.aggregate_sensitivity).unwrap(),
+                Value::from(LADDER[want.envelope.sensitivity]),
+                "run {run}: sensitivity"
+            );
+        }
+        Ok(())
+    }
+}
+
+fn status(s: StepStatus) -> Status {
+    match s {
+        StepStatus::Completed => Status::Completed,
+        StepStatus::Failed => Status::Failed,
+        StepStatus::Denied => Status::Denied,
+    }
+}
+
+fn is_memory_step(m: &Model, actor: &str, run: &str, step: &str) -> bool {
+    m.runs.get(run).is_some_and(|r| {
+        r.agent == actor
+            && SOPS[r.sop]
+                .iter()
+                .any(|(s, a, _)| *s == step && a.starts_with("memory."))
+    })
+}
+
+fn parse_sop<S: Store>(e: &Engine<S>, i: usize) -> warden_core::sop::Sop {
+    warden_core::sop::parse_sop(&reference::sop_json(i), &e.policy().sop_limits).unwrap()
+}
+
+fn compare_preflight(
+    op: &Op,
+    got: &warden_core::preflight::Preflight,
+    want: &[Vec<String>],
+) -> Result<(), String> {
+    check_eq!(got.steps.len(), want.len(), "{op:?}: steps");
+    check_eq!(
+        got.admitted,
+        want.iter().all(Vec::is_empty),
+        "{op:?}: admitted"
+    );
+    for (i, (g, w)) in got.steps.iter().zip(want).enumerate() {
+        let kinds: Vec<&str> = g.violations.iter().map(|r| kind(r.as_str())).collect();
+        check_eq!(kinds, *w, "{op:?}: step {i} violations");
+        let reason = w.first().map_or("step_allowed", String::as_str);
+        check_eq!(
+            kind(g.decision.reason.as_str()),
+            reason,
+            "{op:?}: step {i} reason"
+        );
+    }
+    Ok(())
+}
+
+fn step_entries(want: &[Vec<String>]) -> Vec<Entry> {
+    want.iter()
+        .map(|v| match v.first() {
+            None => entry("sop.validate", Verdict::Allow, "step_allowed"),
+            Some(r) => entry("sop.validate", Verdict::Deny, &format!("{r}:*")),
+        })
+        .collect()
+}
+
+// ----------------------------------------------------------------------
+// Backends
+// ----------------------------------------------------------------------
+
+fn policy() -> warden_core::bundle::Policy {
+    warden_core::bundle::compile(POLICY).unwrap()
+}
+
+fn clock() -> Arc<ManualClock> {
+    Arc::new(ManualClock::new(Timestamp(1_700_000_000_000)))
+}
+
+async fn run_case<S: Store>(store: S, ops: &[Op]) -> Result<(), String> {
+    let engine = Engine::open(policy(), store, clock()).await.unwrap();
+    let mut pair = Pair {
+        engine,
+        model: Model::default(),
+    };
+    for op in ops {
+        pair.step(op).await?;
+    }
+    let verified = pair.engine.verify_audit().await.unwrap();
+    check!(
+        verified.is_valid(),
+        "the chain does not verify: {verified:?}"
+    );
+    Ok(())
+}
+
+/// Cases per backend: `PROPTEST_CASES` when set, else `default`.
+fn config(default: u32) -> Config {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default);
+    Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn run_property<F>(default_cases: u32, case: F)
+where
+    F: Fn(Vec<Op>) -> Result<(), String>,
+{
+    let mut runner = TestRunner::new(config(default_cases));
+    let result = runner.run(&ops(), |ops| case(ops).map_err(TestCaseError::fail));
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn the_engine_on_the_memory_store_agrees_with_the_model() {
+    run_property(128, |ops| {
+        runtime().block_on(run_case(warden_store::MemoryStore::new(), &ops))
+    });
+    if std::env::var_os("MODEL_STATS").is_some() {
+        for (what, n) in STATS.lock().unwrap().iter() {
+            eprintln!("{n:>8} {what}");
+        }
+    }
+}
+
+#[test]
+fn the_engine_on_sqlite_agrees_with_the_model() {
+    run_property(24, |ops| {
+        runtime().block_on(async {
+            let store = warden_sqlite::SqliteStore::open_temp().await.unwrap();
+            run_case(store, &ops).await
+        })
+    });
+}
+
+#[test]
+fn the_engine_on_postgres_agrees_with_the_model() {
+    let Some(url) = std::env::var("WARDEN_TEST_DATABASE_URL")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+    else {
+        eprintln!("skipped: WARDEN_TEST_DATABASE_URL is not set");
+        return;
+    };
+    run_property(12, |ops| {
+        runtime().block_on(async {
+            let schema = fresh_schema();
+            let store = warden_postgres::PgStore::connect_in_schema(&url, &schema)
+                .await
+                .unwrap();
+            let result = run_case(store, &ops).await;
+            drop_schema(&url, &schema).await;
+            result
+        })
+    });
+}
+
+/// A schema name of its own per case: `wmodel_<pid>_<counter>_<nanos>`.
+fn fresh_schema() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "wmodel_{}_{}_{nanos:x}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+async fn drop_schema(url: &str, schema: &str) {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(connection);
+    client
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+        .await
+        .unwrap();
+    drop(client);
+    let _ = driver.await;
+}
+
+/// Run one fixed sequence on the in-memory store.
+fn replay(ops: &[Op]) -> Result<(), String> {
+    runtime().block_on(run_case(warden_store::MemoryStore::new(), ops))
+}
+
+// ----------------------------------------------------------------------
+// Defects the model found
+// ----------------------------------------------------------------------
+
+/// Found by the model: a step the agent began (the gate let it proceed),
+/// then denied at a second `begin` because the agent was revoked, is
+/// recorded `Denied` and stops the run; yet completing it afterwards still
+/// consumes the first begin's ticket and folds the reported labels into the
+/// run's envelope, recording a `context.accumulate` allow for a step whose
+/// outcome is a denial, on behalf of a revoked agent. The model says a
+/// step with a recorded outcome completes to that outcome and changes
+/// nothing: no label folded, nothing recorded.
+#[test]
+#[ignore = "engine defect: a denied step's stale ticket still folds labels on completion (steps.rs)"]
+fn completing_a_step_the_gate_denied_changes_nothing() {
+    runtime().block_on(async {
+        let e = Engine::open(policy(), warden_store::MemoryStore::new(), clock())
+            .await
+            .unwrap();
+        let a = aid(0);
+        let all = CAPS.iter().map(|c| ActionName::parse(c).unwrap()).collect();
+        let req = RegisterAgent {
+            id: a.clone(),
+            parent: None,
+            capabilities: all,
+            tools: None,
+            config: None,
+        };
+        e.register_agent(&Caller::Operator, req).await.unwrap();
+        let run = RunId::parse("r1").unwrap();
+        let (s1, s2) = (StepId::parse("s1").unwrap(), StepId::parse("s2").unwrap());
+        let admitted = e.admit_run(&a, &parse_sop(&e, 0), Some(run.clone())).await;
+        assert!(matches!(admitted, Ok(Admission::Admitted { .. })));
+        e.begin_step(&a, &run, &s1).await.unwrap();
+        e.complete_begun_step(&a, &run, &s1, StepResult::default())
+            .await
+            .unwrap();
+        let first = e.begin_step(&a, &run, &s2).await.unwrap();
+        assert!(matches!(first, StepGate::Proceed { .. }));
+        e.revoke_agent(&Caller::Operator, &a).await.unwrap();
+        let second = e.begin_step(&a, &run, &s2).await.unwrap();
+        assert!(matches!(second, StepGate::Refused { .. }));
+
+        let envelope = e.run_envelope(&run).await.unwrap().unwrap();
+        let head = e.audit_head().await.unwrap().count;
+        let labels = ["customer_name", "financial"].map(|l| Label::parse(l).unwrap());
+        let result = StepResult {
+            result: None,
+            result_labels: labels.to_vec(),
+            error: None,
+        };
+        let done = e.complete_begun_step(&a, &run, &s2, result).await.unwrap();
+        let Completion::Recorded(outcome) = done else {
+            panic!("the denied outcome is returned: {done:?}");
+        };
+        assert_eq!(outcome.status, StepStatus::Denied);
+        assert_eq!(e.run_envelope(&run).await.unwrap().unwrap(), envelope);
+        assert_eq!(e.audit_head().await.unwrap().count, head);
+    });
+}
