@@ -94,8 +94,11 @@ context:
     no_crm: {denies_actions: [crm.lookup]}
 "#;
 
-/// Agent ids of the universe (few, so operations collide).
-pub const AGENTS: [&str; 5] = ["a", "b", "c", "d", "e"];
+/// Agent ids of the universe (few, so operations collide). Sequences
+/// start by registering some of the first [`SEEDED`]; the rest are left
+/// for later registrations and delegations.
+pub const AGENTS: [&str; 7] = ["a", "b", "c", "d", "e", "f", "g"];
+pub const SEEDED: usize = 5;
 /// An id no agent ever has (a grant to it is refused).
 pub const NOBODY: &str = "zz";
 /// Capabilities an agent may declare: the environment's, a catalogued
@@ -239,6 +242,8 @@ pub struct Agent {
     pub parent: Option<String>,
     pub declared: BTreeSet<String>,
     pub active: bool,
+    /// The envelope it inherited when it was delegated.
+    pub envelope: Option<Envelope>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -302,7 +307,13 @@ pub struct Model {
 /// A registration's predicted outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RegOutcome {
-    Registered,
+    /// Registered; whether its declared capabilities were narrowed by an
+    /// inherited envelope; `inherited`: `None` without an envelope, else
+    /// whether it carries restrictions (the registration is constrained).
+    Registered {
+        narrowed: bool,
+        inherited: Option<bool>,
+    },
     Refused(&'static str),
 }
 
@@ -405,40 +416,69 @@ impl Model {
         }
     }
 
+    /// `from_run`: the child inherits that run's envelope (`Err(())` when
+    /// it is not a run of the parent: an error, nothing recorded).
     pub fn register(
         &mut self,
         caller: Option<&str>,
         id: &str,
         parent: Option<&str>,
-        declared: BTreeSet<String>,
-    ) -> RegOutcome {
+        mut declared: BTreeSet<String>,
+        from_run: Option<&str>,
+    ) -> Result<RegOutcome, ()> {
         if let Some(c) = caller {
             if parent != Some(c) {
-                return RegOutcome::Refused("not_own_child");
+                return Ok(RegOutcome::Refused("not_own_child"));
             }
             if !self.agents.get(c).is_some_and(|a| a.active) {
-                return RegOutcome::Refused("agent_revoked");
+                return Ok(RegOutcome::Refused("agent_revoked"));
             }
         }
         if self.agents.contains_key(id) {
-            return RegOutcome::Refused("duplicate_agent");
+            return Ok(RegOutcome::Refused("duplicate_agent"));
         }
         if let Some(p) = parent {
             match self.agents.get(p) {
-                None => return RegOutcome::Refused("unknown_parent"),
-                Some(a) if !a.active => return RegOutcome::Refused("parent_revoked"),
+                None => return Ok(RegOutcome::Refused("unknown_parent")),
+                Some(a) if !a.active => return Ok(RegOutcome::Refused("parent_revoked")),
                 Some(_) => {}
             }
         }
+        let source = match (from_run, parent) {
+            (Some(run), Some(p)) => match self.runs.get(run) {
+                Some(r) if r.agent == p => Some(r.envelope.clone()),
+                _ => return Err(()),
+            },
+            (Some(_), None) => return Err(()),
+            (None, Some(p)) => self.agents[p].envelope.clone(),
+            (None, None) => None,
+        };
+        let mut narrowed = BTreeSet::new();
+        if let (Some(env), Some(p)) = (&source, parent) {
+            // Authority the envelope's restrictions deny is taken from
+            // what the child declares (of what the parent could pass on).
+            let parent_effective = self.effective(p);
+            narrowed = declared
+                .iter()
+                .filter(|c| parent_effective.contains(*c) && env.denies(c))
+                .cloned()
+                .collect();
+            declared.retain(|c| !narrowed.contains(c));
+        }
+        let inherited = source.as_ref().map(|e| !e.restrictions.is_empty());
         self.agents.insert(
             id.to_string(),
             Agent {
                 parent: parent.map(str::to_string),
                 declared,
                 active: true,
+                envelope: source,
             },
         );
-        RegOutcome::Registered
+        Ok(RegOutcome::Registered {
+            narrowed: !narrowed.is_empty(),
+            inherited,
+        })
     }
 
     /// `Err(())`: unknown target; `Ok(None)`: refused; `Ok(Some(set))`:
@@ -700,7 +740,18 @@ impl Model {
         sop: usize,
         run: &str,
     ) -> Result<(Vec<Vec<String>>, bool), ()> {
-        let violations = self.preflight(actor, sop);
+        let mut violations = self.preflight(actor, sop);
+        // Then every step against the run's starting envelope (the
+        // agent's inherited one).
+        if let Some(env) = self.agents.get(actor).and_then(|a| a.envelope.as_ref())
+            && violations.iter().all(Vec::is_empty)
+        {
+            for ((_, action, _), v) in SOPS[sop].iter().zip(&mut violations) {
+                if env.denies(action) {
+                    v.push("restricted_by".into());
+                }
+            }
+        }
         let admitted = violations.iter().all(Vec::is_empty);
         if !admitted {
             return Ok((violations, false));
@@ -720,7 +771,7 @@ impl Model {
                 outcomes: BTreeMap::new(),
                 tickets: BTreeSet::new(),
                 stale: BTreeSet::new(),
-                envelope: Envelope::default(),
+                envelope: self.agents[actor].envelope.clone().unwrap_or_default(),
             },
         );
         Ok((violations, true))
@@ -779,10 +830,15 @@ impl Model {
         }
         let denied = if !active {
             Some("agent_revoked".to_string())
-        } else if action == "report.export" && r.envelope.restrictions.contains("no_export") {
-            Some("restricted_by:no_export".to_string())
-        } else if action == "crm.lookup" && r.envelope.restrictions.contains("no_crm") {
-            Some("restricted_by:no_crm".to_string())
+        } else if r.envelope.denies(action) {
+            Some(format!(
+                "restricted_by:{}",
+                if action == "crm.lookup" {
+                    "no_crm"
+                } else {
+                    "no_export"
+                }
+            ))
         } else {
             None
         };
@@ -856,6 +912,12 @@ fn base_sensitivity(label: &str) -> Option<usize> {
 }
 
 impl Envelope {
+    /// Whether the envelope's restrictions deny `action`.
+    pub fn denies(&self, action: &str) -> bool {
+        (action == "report.export" && self.restrictions.contains("no_export"))
+            || (action == "crm.lookup" && self.restrictions.contains("no_crm"))
+    }
+
     /// Fold labels in, then apply the aggregation rules to a fixed point.
     pub fn fold(&mut self, labels: &BTreeSet<String>) {
         for l in labels {
