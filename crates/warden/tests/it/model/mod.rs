@@ -130,7 +130,7 @@ const VISIBILITIES: [Vis; 3] = [Vis::Private, Vis::Children, Vis::Descendants];
 /// An SOP to admit: mostly one whose steps the gate and the envelope
 /// decide (no memory steps, nothing preflight always refuses).
 fn runnable_sop() -> impl Strategy<Value = usize> {
-    prop_oneof![3 => prop::sample::select(vec![0usize, 1, 8]), 1 => 0..SOPS.len()]
+    prop_oneof![3 => prop::sample::select(vec![0usize, 1, 8, 9]), 1 => 0..SOPS.len()]
 }
 
 /// A namespace or key index: mostly the first, so records collide.
@@ -736,11 +736,6 @@ impl<S: Store> Pair<S> {
             Op::Begin { actor, run, step } => {
                 let (actor, step) = m.resolve_step(*actor, *run, *step);
                 let (actor, step) = (&actor, &step);
-                if is_memory_step(m, AGENTS[*actor], RUN_IDS[*run], STEP_IDS[*step]) {
-                    // The engine executes memory steps itself: outside the
-                    // model, so not begun (the operation is skipped).
-                    return Ok(vec![]);
-                }
                 let got = e
                     .begin_step(
                         &aid(*actor),
@@ -773,6 +768,39 @@ impl<S: Store> Pair<S> {
                     (Ok(g @ StepGate::Refused { .. }), BeginOutcome::Denied(r)) => {
                         check_eq!(d(&g).reason.as_str(), r.as_str(), "{op:?}");
                         vec![entry("step.begin", Verdict::Deny, r)]
+                    }
+                    (
+                        Ok(g @ StepGate::Executed { .. }),
+                        BeginOutcome::Executed {
+                            constrained,
+                            memory,
+                            status: st,
+                        },
+                    ) => {
+                        let (verdict, reason) = if *constrained {
+                            (Verdict::Constrain, "context_constrained")
+                        } else {
+                            (Verdict::Allow, "step_allowed")
+                        };
+                        check_eq!(d(&g).verdict, verdict, "{op:?}");
+                        let StepGate::Executed { outcome, .. } = &g else {
+                            unreachable!()
+                        };
+                        check_eq!(status(outcome.status), *st, "{op:?}: outcome");
+                        let mut out = vec![entry("step.begin", verdict, reason)];
+                        out.push(memory_entry(memory));
+                        out.push(entry(
+                            "context.accumulate",
+                            Verdict::Allow,
+                            "context_accumulated",
+                        ));
+                        out.push(match st {
+                            Status::Completed => {
+                                entry("step.complete", Verdict::Allow, "step_recorded")
+                            }
+                            _ => entry("step.complete", Verdict::Deny, "step_failed"),
+                        });
+                        out
                     }
                     (Ok(g @ StepGate::Proceed { .. }), BeginOutcome::Proceed(constrained)) => {
                         let (verdict, reason) = if *constrained {
@@ -1089,13 +1117,34 @@ fn status(s: StepStatus) -> Status {
     }
 }
 
-fn is_memory_step(m: &Model, actor: &str, run: &str, step: &str) -> bool {
-    m.runs.get(run).is_some_and(|r| {
-        r.agent == actor
-            && SOPS[r.sop]
-                .iter()
-                .any(|(s, a, _)| *s == step && a.starts_with("memory."))
-    })
+/// The entry a memory step's read or write records.
+fn memory_entry(memory: &reference::MemoryStep) -> Entry {
+    use reference::MemoryStep;
+    match memory {
+        MemoryStep::Read(ReadOutcome::Found { reason, .. }) => {
+            entry("memory.read", Verdict::Allow, reason)
+        }
+        MemoryStep::Read(ReadOutcome::Hidden(r) | ReadOutcome::Denied(r)) => {
+            entry("memory.read", Verdict::Deny, r)
+        }
+        MemoryStep::Write(WriteOutcome::Done(_)) => {
+            entry("memory.write", Verdict::Allow, "owner_write")
+        }
+        MemoryStep::Write(WriteOutcome::Conflict(_)) => {
+            entry("memory.write", Verdict::Deny, "revision_conflict")
+        }
+        MemoryStep::Write(WriteOutcome::Denied(r)) => entry("memory.write", Verdict::Deny, r),
+        MemoryStep::Write(WriteOutcome::Invalid(p)) => entry(
+            "memory.write",
+            Verdict::Deny,
+            &format!("invalid_record:{p}"),
+        ),
+        MemoryStep::Write(WriteOutcome::NotFound) => Entry {
+            op: "memory.write",
+            verdict: Verdict::Deny,
+            reason: None,
+        },
+    }
 }
 
 fn parse_sop<S: Store>(e: &Engine<S>, i: usize) -> warden_core::sop::Sop {

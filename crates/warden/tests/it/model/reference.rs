@@ -38,7 +38,9 @@
 //!   failed or denied; a recorded step replays. The gate denies a step of
 //!   a revoked agent and a step the envelope's restrictions cover (the run
 //!   stops); a step it lets proceed while the envelope holds restrictions
-//!   is constrained (they bind what it produces). A completion folds the reported and catalogue labels into the
+//!   is constrained (they bind what it produces). A memory step is
+//!   performed at once as the run's agent, under the memory rules above;
+//!   the step fails when the read or write is not done. A completion folds the reported and catalogue labels into the
 //!   envelope, where the aggregation rules add sensitivity, derived labels
 //!   and restrictions (to a fixed point); an unknown label fails the step
 //!   and folds nothing.
@@ -349,7 +351,7 @@ pub enum WriteOutcome {
 }
 
 /// A begin's predicted outcome.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum BeginOutcome {
     /// No such run (of this agent) or step: an error, nothing recorded.
     NotFound,
@@ -361,6 +363,20 @@ pub enum BeginOutcome {
     /// Let proceed; constrained (the envelope's restrictions bind what the
     /// step produces) when the envelope has any.
     Proceed(bool),
+    /// A memory step, performed by the engine: the memory operation's own
+    /// outcome and the step's.
+    Executed {
+        constrained: bool,
+        memory: MemoryStep,
+        status: Status,
+    },
+}
+
+/// What a memory step's operation decided.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MemoryStep {
+    Read(ReadOutcome),
+    Write(WriteOutcome),
 }
 
 /// A completion's predicted outcome.
@@ -849,8 +865,47 @@ impl Model {
             }
             return BeginOutcome::Denied(reason);
         }
-        r.tickets.insert(step.to_string());
-        BeginOutcome::Proceed(!r.envelope.restrictions.is_empty())
+        let constrained = !r.envelope.restrictions.is_empty();
+        if !action.starts_with("memory.") {
+            r.tickets.insert(step.to_string());
+            return BeginOutcome::Proceed(constrained);
+        }
+        // A memory step: the engine performs it as the run's agent and
+        // records its outcome (failed when the memory operation is not
+        // done), folding nothing new into the envelope.
+        let args = SOPS[r.sop][position].2();
+        let text = |f: &str| {
+            args.get(f)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let (ns, key) = (text("namespace"), text("key"));
+        let (memory, done) = if action == "memory.read" {
+            let out = self.read(actor, &ns, &key);
+            let done = matches!(out, ReadOutcome::Found { .. });
+            (MemoryStep::Read(out), done)
+        } else {
+            let value = args.get("value").cloned().unwrap_or(Value::Null);
+            let expected = args.get("expected_revision").and_then(Value::as_u64);
+            let out = self.write(actor, None, &ns, &key, value, expected, None, None);
+            let done = matches!(out, WriteOutcome::Done(_));
+            (MemoryStep::Write(out), done)
+        };
+        let status = if done {
+            Status::Completed
+        } else {
+            Status::Failed
+        };
+        if let Some(r) = self.runs.get_mut(run) {
+            r.outcomes.insert(step.to_string(), status);
+            r.tickets.remove(step);
+        }
+        BeginOutcome::Executed {
+            constrained,
+            memory,
+            status,
+        }
     }
 
     pub fn complete(
