@@ -42,9 +42,9 @@ use warden_core::time::Timestamp;
 use warden_store::{StepStatus, Store};
 
 use reference::{
-    AGENTS, BeginOutcome, CAPS, Class, CompleteOutcome, KEYS, LABELS, LADDER, Model, NAMESPACES,
-    NOBODY, POLICY, RUN_IDS, ReadOutcome, RegOutcome, SEEDED, SOPS, STEP_IDS, Status, VALUES, Vis,
-    WriteOutcome,
+    AGENTS, AgentReadOutcome, BeginOutcome, CAPS, Class, CompleteOutcome, KEYS, LABELS, LADDER,
+    Model, NAMESPACES, NOBODY, POLICY, RUN_IDS, ReadOutcome, RegOutcome, SEEDED, SOPS, STEP_IDS,
+    Status, VALUES, Vis, WriteOutcome,
 };
 
 /// One operation, in indexes into the universe.
@@ -67,6 +67,13 @@ enum Op {
         caller: Option<usize>,
         target: usize,
     },
+    /// `caller` (`None`: the operator) reads `target`'s view.
+    ReadAgent {
+        caller: Option<usize>,
+        target: usize,
+    },
+    /// The clock moves on 1.5 s (task state expires).
+    Advance,
     Write {
         actor: usize,
         owner: Option<usize>,
@@ -121,7 +128,8 @@ enum ClassGen {
     Policy(usize),
     /// Grants as a bit set over the agents; bit 7 is an id nobody has.
     Secret(u8),
-    Task,
+    /// Expiry in seconds from now, or none.
+    Task(Option<u8>),
 }
 
 const COMBINATORS: [&str; 5] = ["all", "any", "min", "max", "intersection"];
@@ -179,7 +187,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(ClassGen::Preference),
         3 => (0..COMBINATORS.len()).prop_map(ClassGen::Policy),
         2 => any::<u8>().prop_map(ClassGen::Secret),
-        1 => Just(ClassGen::Task),
+        1 => prop::option::of(0u8..3).prop_map(ClassGen::Task),
     ];
     let write = (
         agent_ix(),
@@ -203,7 +211,7 @@ fn op() -> impl Strategy<Value = Op> {
                     (Some(ClassGen::Policy(c)), true) => {
                         (2 * (c / 2).min(2) + value % 2, visibility)
                     }
-                    (Some(ClassGen::Secret(_) | ClassGen::Task), true) => {
+                    (Some(ClassGen::Secret(_) | ClassGen::Task(_)), true) => {
                         (value, visibility.filter(|v| *v == 0))
                     }
                     _ => (value, visibility),
@@ -222,6 +230,9 @@ fn op() -> impl Strategy<Value = Op> {
         );
     prop_oneof![
         3 => register,
+        1 => (prop::option::of(agent_ix()), agent_ix())
+            .prop_map(|(caller, target)| Op::ReadAgent { caller, target }),
+        1 => Just(Op::Advance),
         1 => (prop::option::of(agent_ix()), agent_ix())
             .prop_map(|(caller, target)| Op::Revoke { caller, target }),
         2 => (0..RUN_IDS.len(), agent_ix(), caps())
@@ -342,12 +353,12 @@ fn grants_of(mask: u8) -> Vec<String> {
     out
 }
 
-fn model_class(c: &ClassGen) -> Class {
+fn model_class(c: &ClassGen, now: i64) -> Class {
     match c {
         ClassGen::Preference => Class::Preference,
         ClassGen::Policy(i) => Class::Policy(COMBINATORS[*i]),
         ClassGen::Secret(m) => Class::Secret(grants_of(*m)),
-        ClassGen::Task => Class::Task,
+        ClassGen::Task(s) => Class::Task(s.map(|s| now + 1000 * i64::from(s))),
     }
 }
 
@@ -366,7 +377,9 @@ fn engine_class(c: &Class) -> RecordClass {
         Class::Secret(grants) => RecordClass::Secret {
             grants: grants.iter().map(|g| AgentId::parse(g).unwrap()).collect(),
         },
-        Class::Task => RecordClass::Task { expires_at: None },
+        Class::Task(t) => RecordClass::Task {
+            expires_at: t.map(|t| Timestamp(START + t)),
+        },
     }
 }
 
@@ -431,8 +444,12 @@ static STATS: std::sync::Mutex<std::collections::BTreeMap<String, u64>> =
 /// The engine and the model side by side.
 struct Pair<S> {
     engine: Engine<S>,
+    clock: Arc<ManualClock>,
     model: Model,
 }
+
+/// How far [`Op::Advance`] moves the clock.
+const ADVANCE_MS: i64 = 1500;
 
 impl<S: Store> Pair<S> {
     async fn audit_count(&self) -> u64 {
@@ -502,6 +519,34 @@ impl<S: Store> Pair<S> {
                 let run = Some(RUN_IDS[*run]);
                 register(e, m, op, Some(parent), *id, Some(parent), *caps, run).await?
             }
+            Op::Advance => {
+                self.clock.advance(ADVANCE_MS);
+                m.now += ADVANCE_MS;
+                vec![]
+            }
+            Op::ReadAgent { caller, target } => {
+                let who = caller.map_or(Caller::Operator, |c| Caller::Agent(aid(c)));
+                let got = e.read_agent(&who, &aid(*target)).await;
+                let want = m.read_agent(caller.map(|c| AGENTS[c]), AGENTS[*target]);
+                match (got, want) {
+                    (Err(EngineError::NotFound { .. }), AgentReadOutcome::Missing) => {
+                        vec![entry("agent.read", Verdict::Allow, "unknown_agent")]
+                    }
+                    (
+                        Ok(warden::AgentRead::Visible { agent, decision }),
+                        AgentReadOutcome::Visible(r),
+                    ) => {
+                        check_eq!(decision.reason.as_str(), r, "{op:?}");
+                        check_eq!(agent.agent_id.as_str(), AGENTS[*target], "{op:?}");
+                        vec![entry("agent.read", Verdict::Allow, r)]
+                    }
+                    (Ok(warden::AgentRead::Hidden { decision }), AgentReadOutcome::Hidden(r)) => {
+                        check_eq!(decision.reason.as_str(), r, "{op:?}");
+                        vec![entry("agent.read", Verdict::Deny, r)]
+                    }
+                    (got, want) => return Err(format!("{op:?}: engine {got:?}, model {want:?}")),
+                }
+            }
             Op::Revoke { caller, target } => {
                 let who = caller.map_or(Caller::Operator, |c| Caller::Agent(aid(c)));
                 let got = e.revoke_agent(&who, &aid(*target)).await;
@@ -531,7 +576,7 @@ impl<S: Store> Pair<S> {
                 visibility,
                 class,
             } => {
-                let class = class.as_ref().map(model_class);
+                let class = class.as_ref().map(|c| model_class(c, m.now));
                 let visibility = visibility.map(|v| VISIBILITIES[v]);
                 let value = VALUES[*value]();
                 let req = WriteRequest {
@@ -1192,14 +1237,19 @@ fn policy() -> warden_core::bundle::Policy {
     warden_core::bundle::compile(POLICY).unwrap()
 }
 
+/// The engine clock's start; the model counts from 0.
+const START: i64 = 1_700_000_000_000;
+
 fn clock() -> Arc<ManualClock> {
-    Arc::new(ManualClock::new(Timestamp(1_700_000_000_000)))
+    Arc::new(ManualClock::new(Timestamp(START)))
 }
 
 async fn run_case<S: Store>(store: S, ops: &[Op]) -> Result<Model, String> {
-    let engine = Engine::open(policy(), store, clock()).await.unwrap();
+    let clock = clock();
+    let engine = Engine::open(policy(), store, clock.clone()).await.unwrap();
     let mut pair = Pair {
         engine,
+        clock,
         model: Model::default(),
     };
     for op in ops {

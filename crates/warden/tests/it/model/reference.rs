@@ -28,6 +28,11 @@
 //!   on `expected_revision` (0 = create only); the class keeps its shape
 //!   (`policy` values fit the combinator, `secret`/`task` stay private,
 //!   secrets are granted only to agents that exist).
+//!   Task state past its expiry is gone for readers (the owner's own is
+//!   `record_expired`); a write over it continues its revisions.
+//! - **Agent views.** The operator, the agent itself and its active
+//!   ancestors see an agent (`operator`, `self`, `ancestor`); anyone else
+//!   is refused (`not_an_ancestor`, `unknown_agent`).
 //! - **Preflight.** Every step gets a decision; its violations in order:
 //!   the actor unknown or revoked, an empty or repeated step id, an unknown
 //!   action (nothing more is checked), an action outside the effective
@@ -236,7 +241,8 @@ pub enum Class {
     /// Combinator name: all, any, min, max, intersection.
     Policy(&'static str),
     Secret(Vec<String>),
-    Task,
+    /// Expiry, in milliseconds on the model's clock.
+    Task(Option<i64>),
 }
 
 #[derive(Debug, Clone)]
@@ -304,6 +310,18 @@ pub struct Model {
     /// (owner, namespace, key) to record.
     pub records: BTreeMap<(String, String, String), Record>,
     pub runs: BTreeMap<String, Run>,
+    /// Milliseconds since the start.
+    pub now: i64,
+}
+
+/// Who sees an agent's view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentReadOutcome {
+    Visible(&'static str),
+    Hidden(&'static str),
+    /// An agent asking for itself when it does not exist: recorded
+    /// (allowed, `unknown_agent`), then a `NotFound` error.
+    Missing,
 }
 
 /// A registration's predicted outcome.
@@ -532,13 +550,35 @@ impl Model {
         Ok(Some(subtree))
     }
 
+    /// `caller` reads `target`'s view: the operator, the agent itself and
+    /// its active ancestors see it.
+    pub fn read_agent(&self, caller: Option<&str>, target: &str) -> AgentReadOutcome {
+        let exists = self.agents.contains_key(target);
+        match caller {
+            None if exists => AgentReadOutcome::Visible("operator"),
+            None => AgentReadOutcome::Hidden("unknown_agent"),
+            Some(a) if !exists && a == target => AgentReadOutcome::Missing,
+            Some(_) if !exists => AgentReadOutcome::Hidden("unknown_agent"),
+            Some(a) if a == target => AgentReadOutcome::Visible("self"),
+            Some(a) => {
+                let ancestor = self.agents.get(a).is_some_and(|x| x.active)
+                    && self.lineage(target).iter().any(|x| x == a);
+                if ancestor {
+                    AgentReadOutcome::Visible("ancestor")
+                } else {
+                    AgentReadOutcome::Hidden("not_an_ancestor")
+                }
+            }
+        }
+    }
+
     fn visible(&self, record: &Record, owner: &str, reader: &str, position: usize) -> bool {
         if owner == reader {
             return true;
         }
         match &record.class {
             Class::Secret(grants) => grants.iter().any(|g| g == reader),
-            Class::Task => false,
+            Class::Task(_) => false,
             Class::Preference | Class::Policy(_) => match record.visibility {
                 Vis::Private => false,
                 Vis::Children => position == 1,
@@ -551,7 +591,9 @@ impl Model {
         if let Some(r) = self.capability_refusal(reader, "memory.read") {
             return ReadOutcome::Denied(r.to_string());
         }
-        // (position, owner, record) along the lineage, nearest first.
+        // (position, owner, record) along the lineage, nearest first;
+        // expired task state is not there any more.
+        let mut expired_own = false;
         let along: Vec<(usize, String, &Record)> = self
             .lineage(reader)
             .into_iter()
@@ -560,6 +602,10 @@ impl Model {
                 let r = self
                     .records
                     .get(&(owner.clone(), ns.to_string(), key.to_string()))?;
+                if matches!(r.class, Class::Task(Some(t)) if t <= self.now) {
+                    expired_own |= pos == 0;
+                    return None;
+                }
                 Some((pos, owner, r))
             })
             .collect();
@@ -593,6 +639,7 @@ impl Model {
             };
         }
         match along.first() {
+            None if expired_own => ReadOutcome::Hidden("record_expired".into()),
             None => ReadOutcome::Hidden("record_not_found".into()),
             Some((pos, owner, r)) if self.visible(r, owner, reader, *pos) => ReadOutcome::Found {
                 reason: if matches!(r.class, Class::Secret(_)) && *pos > 0 {
@@ -1046,7 +1093,7 @@ fn class_problem(class: &Class, visibility: Option<Vis>, value: &Value) -> Optio
         Class::Policy(c) if !combinator_accepts(c, value) => {
             Some("policy_value_does_not_fit_combinator")
         }
-        Class::Secret(_) | Class::Task if visibility.is_some_and(|v| v != Vis::Private) => {
+        Class::Secret(_) | Class::Task(_) if visibility.is_some_and(|v| v != Vis::Private) => {
             Some("class_is_private_only")
         }
         _ => None,
