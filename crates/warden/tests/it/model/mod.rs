@@ -1340,17 +1340,21 @@ fn the_engine_on_postgres_agrees_with_the_model() {
     });
 }
 
-/// A schema name of its own per case: `wmodel_<pid>_<counter>_<nanos>`.
+/// A schema of its own per case, named as the PostgreSQL crate's test
+/// schemas (`wtest_<unix secs>_<pid>_<counter>_<nanos>`) so that its sweep
+/// drops any a killed run leaves behind.
 fn fresh_schema() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
+    let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
+        .unwrap_or_default();
     format!(
-        "wmodel_{}_{}_{nanos:x}",
+        "wtest_{}_{}_{}_{:x}",
+        now.as_secs(),
         std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+        now.subsec_nanos()
     )
 }
 
