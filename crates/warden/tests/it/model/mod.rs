@@ -42,20 +42,22 @@ use warden_core::time::Timestamp;
 use warden_store::{StepStatus, Store};
 
 use reference::{
-    AGENTS, AgentReadOutcome, BeginOutcome, CAPS, Class, CompleteOutcome, KEYS, LABELS, LADDER,
-    Model, NAMESPACES, NOBODY, POLICY, RUN_IDS, ReadOutcome, RegOutcome, SEEDED, SOPS, STEP_IDS,
-    Status, VALUES, Vis, WriteOutcome,
+    AGENTS, AgentReadOutcome, BUILDS, BeginOutcome, CAPS, Class, CompleteOutcome, KEYS, LABELS,
+    LADDER, Model, NAMESPACES, NOBODY, POLICY, RUN_IDS, ReadOutcome, RegOutcome, SEEDED, SOPS,
+    STEP_IDS, Status, VALUES, Vis, WriteOutcome,
 };
 
 /// One operation, in indexes into the universe.
 #[derive(Debug, Clone)]
 enum Op {
     /// `caller` `None` is the operator.
+    /// `build` indexes [`BUILDS`].
     Register {
         caller: Option<usize>,
         id: usize,
         parent: Option<usize>,
         caps: u16,
+        build: usize,
     },
     /// The run's agent delegates a child that inherits the run's envelope.
     DelegateFromRun {
@@ -151,6 +153,11 @@ fn labels() -> impl Strategy<Value = u8> {
     prop_oneof![4 => 0u8..16, 1 => 0u8..32]
 }
 
+/// How a registered agent is built: mostly plainly, else any of [`BUILDS`].
+fn build() -> impl Strategy<Value = usize> {
+    prop_oneof![2 => Just(0usize), 1 => 0..BUILDS.len()]
+}
+
 fn agent_ix() -> impl Strategy<Value = usize> {
     0..AGENTS.len()
 }
@@ -158,30 +165,40 @@ fn agent_ix() -> impl Strategy<Value = usize> {
 fn op() -> impl Strategy<Value = Op> {
     let register = prop_oneof![
         // The operator: a root, or a child of anyone.
-        (agent_ix(), prop::option::of(agent_ix()), caps()).prop_map(|(id, parent, caps)| {
-            Op::Register {
+        (agent_ix(), prop::option::of(agent_ix()), caps(), build()).prop_map(
+            |(id, parent, caps, build)| Op::Register {
                 caller: None,
                 id,
                 parent,
                 caps,
+                build,
+            }
+        ),
+        // Delegation: an agent registers its own child.
+        (agent_ix(), agent_ix(), caps(), build()).prop_map(|(id, p, caps, build)| {
+            Op::Register {
+                caller: Some(p),
+                id,
+                parent: Some(p),
+                caps,
+                build,
             }
         }),
-        // Delegation: an agent registers its own child.
-        (agent_ix(), agent_ix(), caps()).prop_map(|(id, p, caps)| Op::Register {
-            caller: Some(p),
-            id,
-            parent: Some(p),
-            caps,
-        }),
         // An agent registering someone else's child.
-        (agent_ix(), agent_ix(), prop::option::of(agent_ix()), caps()).prop_map(
-            |(id, c, parent, caps)| Op::Register {
+        (
+            agent_ix(),
+            agent_ix(),
+            prop::option::of(agent_ix()),
+            caps(),
+            build()
+        )
+            .prop_map(|(id, c, parent, caps, build)| Op::Register {
                 caller: Some(c),
                 id,
                 parent,
                 caps,
-            }
-        ),
+                build,
+            }),
     ];
     let class = prop_oneof![
         1 => Just(ClassGen::Preference),
@@ -314,6 +331,7 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
                     id,
                     parent,
                     caps,
+                    build: 0,
                 }
             })
             .collect::<Vec<_>>()
@@ -513,11 +531,23 @@ impl<S: Store> Pair<S> {
                 id,
                 parent,
                 caps,
-            } => register(e, m, op, *caller, *id, *parent, *caps, None).await?,
+                build,
+            } => register(e, m, op, *caller, *id, *parent, *caps, None, BUILDS[*build]).await?,
             Op::DelegateFromRun { run, id, caps } => {
                 let (parent, _) = m.resolve_step(None, *run, None);
                 let run = Some(RUN_IDS[*run]);
-                register(e, m, op, Some(parent), *id, Some(parent), *caps, run).await?
+                register(
+                    e,
+                    m,
+                    op,
+                    Some(parent),
+                    *id,
+                    Some(parent),
+                    *caps,
+                    run,
+                    BUILDS[0],
+                )
+                .await?
             }
             Op::Advance => {
                 self.clock.advance(ADVANCE_MS);
@@ -968,6 +998,7 @@ impl<S: Store> Pair<S> {
                 .map(|c| c.to_string())
                 .collect();
             check_eq!(declared, want.declared, "agent {a}: declared");
+            check_eq!(got.config, want.config, "agent {a}: config");
             match (&got.envelope_id, &want.envelope) {
                 (None, None) => {}
                 (Some(id), Some(env)) => {
@@ -1088,6 +1119,7 @@ async fn register<S: Store>(
     parent: Option<usize>,
     caps: u16,
     from_run: Option<&str>,
+    build: reference::Build,
 ) -> Result<Vec<Entry>, String> {
     let declared = caps_of(caps);
     let req = RegisterAgent {
@@ -1097,8 +1129,8 @@ async fn register<S: Store>(
             .iter()
             .map(|c| ActionName::parse(c).unwrap())
             .collect(),
-        tools: None,
-        config: None,
+        tools: build.0.map(|t| t.iter().map(|s| s.to_string()).collect()),
+        config: build.1(),
     };
     let who = caller.map_or(Caller::Operator, |c| Caller::Agent(aid(c)));
     let options = warden::DelegationOptions {
@@ -1112,12 +1144,14 @@ async fn register<S: Store>(
         parent.map(|p| AGENTS[p]),
         declared,
         from_run,
+        build,
     );
     Ok(match (got, &want) {
         (Err(EngineError::NotFound { .. }), Err(())) => vec![],
         (
             Ok(Registration::Registered { decision, .. }),
             Ok(RegOutcome::Registered {
+                sanitised,
                 narrowed,
                 inherited,
             }),
@@ -1129,6 +1163,13 @@ async fn register<S: Store>(
             };
             check_eq!(decision.verdict, verdict, "{op:?}");
             let mut out = Vec::new();
+            if *sanitised {
+                out.push(entry(
+                    "agent.register",
+                    Verdict::Constrain,
+                    "child_self_edit_sanitised",
+                ));
+            }
             if *narrowed {
                 out.push(entry(
                     "agent.register",
@@ -1390,6 +1431,7 @@ fn root(id: usize) -> Op {
         id,
         parent: None,
         caps: ALL,
+        build: 0,
     }
 }
 
@@ -1399,6 +1441,7 @@ fn child(id: usize, parent: usize) -> Op {
         id,
         parent: Some(parent),
         caps: ALL,
+        build: 0,
     }
 }
 

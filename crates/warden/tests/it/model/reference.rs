@@ -11,7 +11,11 @@
 //!   nothing); a `block_write`-tagged action is never effective for an
 //!   agent with a parent. Registration is refused, in this order:
 //!   `not_own_child` (an agent registers only its own children),
-//!   `agent_revoked` (the registering agent is not active),
+//!   `agent_revoked` (the registering agent is not active), delegation
+//!   lockdown for an agent with a parent (a pre-built child with a tool in
+//!   the reserved `memory_block_` namespace, or whose config asks for the
+//!   block self-edit surface, is refused; a child built from its spec has
+//!   the request cleared, a `constrain`),
 //!   `duplicate_agent`, `unknown_parent`, `parent_revoked`. Revocation is
 //!   by the operator or an active ancestor (`not_an_ancestor` otherwise)
 //!   and takes the whole subtree; an unknown target is a `NotFound` error.
@@ -217,6 +221,65 @@ pub const SOPS: [&[ModelStep]; 10] = [
     ],
 ];
 
+/// How a child is handed over: pre-built with these tools (`None`: built
+/// from its spec), and its framework config.
+pub type Build = (Option<&'static [&'static str]>, fn() -> Option<Value>);
+
+/// The constructions a registration may use.
+pub const BUILDS: [Build; 10] = [
+    (None, || None),
+    (None, || Some(json!({"model": "m"}))),
+    (None, || {
+        Some(json!({"prompt_block_self_edit": true, "model": "m"}))
+    }),
+    (None, || Some(json!({"prompt_block_self_edit": "yes"}))),
+    (None, || Some(json!("text"))),
+    (Some(&[]), || None),
+    (Some(&["doc_fetch"]), || {
+        Some(json!({"prompt_block_self_edit": false}))
+    }),
+    (Some(&["memory_block_append"]), || None),
+    (Some(&["Doc_Fetch", "MEMORY_BLOCK_REPLACE"]), || None),
+    (Some(&["doc_fetch"]), || {
+        Some(json!({"prompt_block_self_edit": true}))
+    }),
+];
+
+/// The lockdown field of a child's config.
+const SELF_EDIT: &str = "prompt_block_self_edit";
+
+/// Delegation lockdown for a child: a pre-built child with a tool in the
+/// reserved `memory_block_` namespace (any case) or a config asking for
+/// the self-edit surface is refused; a child built from its spec has the
+/// request cleared. `Ok(true)`: cleared.
+fn lockdown(tools: Option<&[&str]>, config: &mut Option<Value>) -> Result<bool, &'static str> {
+    if tools.is_some_and(|t| {
+        t.iter()
+            .any(|n| n.to_lowercase().starts_with("memory_block_"))
+    }) {
+        return Err("child_write_surface_tool");
+    }
+    let asks = match config.as_ref() {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(map)) => match map.get(SELF_EDIT) {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err("child_self_edit_flag_invalid"),
+        },
+        Some(_) => return Err("child_config_invalid"),
+    };
+    match (asks, tools) {
+        (false, _) => Ok(false),
+        (true, Some(_)) => Err("child_self_edit_requested"),
+        (true, None) => {
+            if let Some(Value::Object(map)) = config.as_mut() {
+                map.insert(SELF_EDIT.into(), Value::Bool(false));
+            }
+            Ok(true)
+        }
+    }
+}
+
 /// The JSON text of model SOP `i`.
 pub fn sop_json(i: usize) -> String {
     let steps: Vec<Value> = SOPS[i]
@@ -252,6 +315,8 @@ pub struct Agent {
     pub active: bool,
     /// The envelope it inherited when it was delegated.
     pub envelope: Option<Envelope>,
+    /// Its config as stored.
+    pub config: Option<Value>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -331,6 +396,8 @@ pub enum RegOutcome {
     /// inherited envelope; `inherited`: `None` without an envelope, else
     /// whether it carries restrictions (the registration is constrained).
     Registered {
+        /// The child's self-edit request was cleared.
+        sanitised: bool,
         narrowed: bool,
         inherited: Option<bool>,
     },
@@ -459,6 +526,7 @@ impl Model {
         parent: Option<&str>,
         mut declared: BTreeSet<String>,
         from_run: Option<&str>,
+        build: Build,
     ) -> Result<RegOutcome, ()> {
         if let Some(c) = caller {
             if parent != Some(c) {
@@ -466,6 +534,14 @@ impl Model {
             }
             if !self.agents.get(c).is_some_and(|a| a.active) {
                 return Ok(RegOutcome::Refused("agent_revoked"));
+            }
+        }
+        let mut config = build.1();
+        let mut sanitised = false;
+        if parent.is_some() {
+            match lockdown(build.0, &mut config) {
+                Err(reason) => return Ok(RegOutcome::Refused(reason)),
+                Ok(cleared) => sanitised = cleared,
             }
         }
         if self.agents.contains_key(id) {
@@ -507,9 +583,11 @@ impl Model {
                 declared,
                 active: true,
                 envelope: source,
+                config,
             },
         );
         Ok(RegOutcome::Registered {
+            sanitised,
             narrowed: !narrowed.is_empty(),
             inherited,
         })
