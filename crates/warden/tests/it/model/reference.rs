@@ -1091,6 +1091,16 @@ fn base_sensitivity(label: &str) -> Option<usize> {
     }
 }
 
+/// An aggregation rule: all these labels (or derived labels), the
+/// sensitivity they imply, the labels they derive, the restrictions they
+/// add.
+type Rule = (
+    &'static [&'static str],
+    usize,
+    &'static [&'static str],
+    &'static [&'static str],
+);
+
 impl Envelope {
     /// Whether the envelope's restrictions deny `action`.
     pub fn denies(&self, action: &str) -> bool {
@@ -1104,8 +1114,7 @@ impl Envelope {
             self.labels.insert(l.clone());
             self.sensitivity = self.sensitivity.max(base_sensitivity(l).unwrap_or(4));
         }
-        // (all labels, sensitivity, derived, restrictions)
-        let rules: [(&[&str], usize, &[&str], &[&str]); 2] = [
+        let rules: [Rule; 2] = [
             (
                 &["customer_name", "financial"],
                 3,
