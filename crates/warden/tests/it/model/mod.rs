@@ -18,6 +18,7 @@
 //! - the outcome: status, verdict and reason, returned value with owner and
 //!   revision, a combined policy's contributors, the agents a revocation
 //!   took, every preflight step's violations;
+//! - the capability check of every agent for every capability name;
 //! - the stored state through the read APIs: every agent (parent, lineage,
 //!   status, declared and effective capabilities, stored config, inherited
 //!   envelope), every record at every owner, namespace and key (value,
@@ -1032,6 +1033,15 @@ impl<S: Store> Pair<S> {
                     .map(|c| c.to_string())
                     .collect();
                 check_eq!(effective, m.effective(a), "agent {a}: effective");
+            }
+        }
+        for a in AGENTS {
+            for c in CAPS {
+                let d = self
+                    .engine
+                    .check_capability(&AgentId::parse(a).unwrap(), c)
+                    .map_err(|e| e.to_string())?;
+                check_eq!(d.reason.as_str(), m.capability(a, c), "capability {a} {c}");
             }
         }
         let owners: Vec<AgentId> = AGENTS.iter().map(|a| AgentId::parse(a).unwrap()).collect();

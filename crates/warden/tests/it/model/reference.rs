@@ -506,6 +506,17 @@ impl Model {
         caps
     }
 
+    /// The capability check's answer for `agent` and `action`.
+    pub fn capability(&self, agent: &str, action: &str) -> &'static str {
+        match self.agents.get(agent) {
+            None => "unknown_agent",
+            Some(a) if !a.active => "agent_revoked",
+            Some(_) if !CATALOGUE.contains(&action) => "unknown_action",
+            Some(_) if !self.effective(agent).contains(action) => "capability_not_inherited",
+            Some(_) => "capability_granted",
+        }
+    }
+
     /// The refusal of `agent` using `action` (unknown, revoked, lacking
     /// it), if any.
     fn capability_refusal(&self, agent: &str, action: &str) -> Option<&'static str> {
