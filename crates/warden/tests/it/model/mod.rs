@@ -62,8 +62,8 @@ use warden_store::{StepStatus, Store};
 
 use reference::{
     AGENTS, AgentReadOutcome, BUILDS, BeginOutcome, CAPS, Class, CompleteOutcome, KEYS, LABELS,
-    LADDER, Model, NAMESPACES, NOBODY, POLICY, RUN_IDS, ReadOutcome, RegOutcome, SEEDED, SOPS,
-    STEP_IDS, Status, VALUES, Vis, WriteOutcome,
+    LADDER, Model, NAMESPACES, NOBODY, POLICY, REMOVABLE, RUN_IDS, ReadOutcome, RegOutcome, SEEDED,
+    SOPS, STEP_IDS, Status, VALUES, Vis, WriteOutcome,
 };
 
 /// One operation, in indexes into the universe.
@@ -95,6 +95,15 @@ enum Op {
     },
     /// The clock moves on 1.5 s (task state expires).
     Advance,
+    /// `by` declassifies run `run` to `to` (a ladder index), removing the
+    /// labels of bit set `remove` over [`REMOVABLE`].
+    Declassify {
+        by: usize,
+        run: usize,
+        to: usize,
+        remove: u8,
+        justified: bool,
+    },
     Write {
         actor: usize,
         owner: Option<usize>,
@@ -269,6 +278,20 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (prop::option::of(agent_ix()), agent_ix())
             .prop_map(|(caller, target)| Op::ReadAgent { caller, target }),
         1 => Just(Op::Advance),
+        2 => (
+            prop_oneof![3 => Just(0usize), 1 => agent_ix()],
+            0..RUN_IDS.len(),
+            0..LADDER.len(),
+            0u8..64,
+            prop::bool::weighted(0.9),
+        )
+            .prop_map(|(by, run, to, remove, justified)| Op::Declassify {
+                by,
+                run,
+                to,
+                remove,
+                justified
+            }),
         1 => (prop::option::of(agent_ix()), agent_ix())
             .prop_map(|(caller, target)| Op::Revoke { caller, target }),
         2 => (0..RUN_IDS.len(), agent_ix(), caps())
@@ -567,6 +590,47 @@ impl<S: Store> Pair<S> {
                     BUILDS[0],
                 )
                 .await?
+            }
+            Op::Declassify {
+                by,
+                run,
+                to,
+                remove,
+                justified,
+            } => {
+                let names: Vec<&str> = REMOVABLE
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| remove & (1 << i) != 0)
+                    .map(|(_, l)| *l)
+                    .collect();
+                let level: warden_core::envelope::Sensitivity =
+                    serde_json::from_value(Value::from(LADDER[*to])).unwrap();
+                let got = e
+                    .declassify(
+                        &aid(*by),
+                        &RunId::parse(RUN_IDS[*run]).unwrap(),
+                        level,
+                        &names
+                            .iter()
+                            .map(|l| Label::parse(l).unwrap())
+                            .collect::<Vec<_>>(),
+                        if *justified { "reviewed" } else { " " },
+                    )
+                    .await;
+                let want = m.declassify(AGENTS[*by], RUN_IDS[*run], *to, &names, *justified);
+                match (got, want) {
+                    (Err(EngineError::NotFound { .. }), Err(())) => vec![],
+                    (Ok(out), Ok(Ok(()))) => {
+                        check_eq!(out.decision.verdict, Verdict::Allow, "{op:?}");
+                        vec![entry("context.declassify", Verdict::Allow, "declassified")]
+                    }
+                    (Ok(out), Ok(Err(reason))) => {
+                        check_eq!(out.decision.reason.as_str(), reason, "{op:?}");
+                        vec![entry("context.declassify", Verdict::Deny, reason)]
+                    }
+                    (got, want) => return Err(format!("{op:?}: engine {got:?}, model {want:?}")),
+                }
             }
             Op::Advance => {
                 self.clock.advance(ADVANCE_MS);
@@ -1628,4 +1692,56 @@ fn completing_a_step_the_gate_denied_changes_nothing() {
         assert_eq!(e.run_envelope(&run).await.unwrap().unwrap(), envelope);
         assert_eq!(e.audit_head().await.unwrap().count, head);
     });
+}
+
+#[test]
+fn a_declassification_lowers_only_as_far_as_the_labels_left_allow() {
+    // A profile run (restricted, no_export); `b` may not declassify; `a`
+    // may not go below what customer_name + financial imply, nor upward,
+    // nor below what the derived profile implies once `financial` is
+    // removed; removing both lowers it to internal, and the restriction
+    // stays.
+    let step = [
+        Op::Begin {
+            actor: None,
+            run: 0,
+            step: None,
+        },
+        Op::Complete {
+            actor: None,
+            run: 0,
+            step: None,
+            labels: 0,
+            error: false,
+        },
+    ];
+    let declassify = |by, to, remove| Op::Declassify {
+        by,
+        run: 0,
+        to,
+        remove,
+        justified: true,
+    };
+    let mut ops = vec![
+        root(0),
+        root(1),
+        Op::Admit {
+            actor: 0,
+            sop: 1,
+            run: 0,
+        },
+    ];
+    ops.extend(step.iter().cloned());
+    ops.extend(step.iter().cloned());
+    ops.extend([
+        declassify(1, 1, 0b100),
+        declassify(0, 1, 0),
+        declassify(0, 4, 0),
+        declassify(0, 1, 0b100),
+        declassify(0, 1, 0b10100),
+    ]);
+    let m = replay(&ops);
+    let env = &m.runs["r1"].envelope;
+    assert_eq!(env.sensitivity, 1);
+    assert!(!env.labels.contains("financial") && env.restrictions.contains("no_export"));
 }

@@ -42,6 +42,11 @@
 //!   action (nothing more is checked), an action outside the effective
 //!   capabilities, a memory write naming another owner, arguments outside
 //!   the action's schema. The SOP is admitted when no step has one.
+//! - **Declassification.** Only a listed declassifier (here `a`), active,
+//!   with a justification, lowers a run's envelope: never upward, never
+//!   below what the labels left (after removing the named ones, derived
+//!   labels included) imply, a derived label kept implying the level of
+//!   the rule that derived it; restrictions are never removed.
 //! - **Runs.** An admitted run starts with an empty envelope. A step begins
 //!   only after every earlier step has an outcome and while no outcome is
 //!   failed or denied; a recorded step replays. The gate denies a step of
@@ -103,6 +108,7 @@ context:
   restrictions:
     no_export: {denies_tags: [export]}
     no_crm: {denies_actions: [crm.lookup]}
+  declassifiers: [a]
 "#;
 
 /// Agent ids of the universe (few, so operations collide). Sequences
@@ -504,6 +510,29 @@ impl Model {
             caps.retain(|c| !BLOCK_WRITE.contains(&c.as_str()));
         }
         caps
+    }
+
+    /// `by` declassifies run `run`'s envelope. `Err(())`: no such run.
+    pub fn declassify(
+        &mut self,
+        by: &str,
+        run: &str,
+        to: usize,
+        remove: &[&str],
+        justified: bool,
+    ) -> Result<Result<(), &'static str>, ()> {
+        let refusal = match self.agents.get(by) {
+            None => Some("unknown_agent"),
+            Some(a) if !a.active => Some("agent_revoked"),
+            Some(_) if by != "a" => Some("declassification_not_authorized"),
+            Some(_) if !justified => Some("declassification_invalid"),
+            Some(_) => None,
+        };
+        let r = self.runs.get_mut(run).ok_or(())?;
+        if let Some(reason) = refusal {
+            return Ok(Err(reason));
+        }
+        Ok(r.envelope.declassify(to, remove).map(|e| r.envelope = e))
     }
 
     /// The capability check's answer for `agent` and `action`.
@@ -1112,7 +1141,63 @@ type Rule = (
     &'static [&'static str],
 );
 
+/// Labels a declassification may name (derived ones too; the last is
+/// unknown).
+pub const REMOVABLE: [&str; 6] = [
+    "internal_doc",
+    "customer_name",
+    "financial",
+    "pii",
+    "customer-profile",
+    "mystery",
+];
+
 impl Envelope {
+    /// Lower to `to` (a ladder index), removing `remove`: allowed to a
+    /// declassifier with a justification, never upward, never below what
+    /// the labels left imply; restrictions stay.
+    fn declassify(&self, to: usize, remove: &[&str]) -> Result<Envelope, &'static str> {
+        if remove
+            .iter()
+            .any(|l| base_sensitivity(l).is_none() && *l != "customer-profile")
+        {
+            return Err("unknown_label");
+        }
+        if to > self.sensitivity {
+            return Err("declassification_invalid");
+        }
+        let mut left = Envelope {
+            labels: self
+                .labels
+                .iter()
+                .filter(|l| !remove.contains(&l.as_str()))
+                .cloned()
+                .collect(),
+            derived: self
+                .derived
+                .iter()
+                .filter(|l| !remove.contains(&l.as_str()))
+                .cloned()
+                .collect(),
+            restrictions: self.restrictions.clone(),
+            sensitivity: 0,
+        };
+        let labels = left.labels.clone();
+        left.fold(&labels);
+        // A derived label kept is still known: it implies the level of the
+        // rule that derived it.
+        for d in &left.derived {
+            if d == "customer-profile" {
+                left.sensitivity = left.sensitivity.max(3);
+            }
+        }
+        if left.sensitivity > to {
+            return Err("declassification_invalid");
+        }
+        left.sensitivity = to;
+        Ok(left)
+    }
+
     /// Whether the envelope's restrictions deny `action`.
     pub fn denies(&self, action: &str) -> bool {
         (action == "report.export" && self.restrictions.contains("no_export"))
