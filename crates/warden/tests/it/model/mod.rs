@@ -186,6 +186,17 @@ fn build() -> impl Strategy<Value = usize> {
     prop_oneof![2 => Just(0usize), 1 => 0..BUILDS.len()]
 }
 
+/// A writer: mostly among the first seeded agents (roots and parents, since
+/// agent `i`'s parent is an earlier one).
+fn writer() -> impl Strategy<Value = usize> {
+    prop_oneof![2 => 0..3usize, 1 => agent_ix()]
+}
+
+/// A reader: mostly among the later seeded agents (deeper in the forest).
+fn reader() -> impl Strategy<Value = usize> {
+    prop_oneof![2 => 2..SEEDED, 1 => agent_ix()]
+}
+
 fn agent_ix() -> impl Strategy<Value = usize> {
     0..AGENTS.len()
 }
@@ -235,7 +246,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => prop::option::of(0u8..3).prop_map(ClassGen::Task),
     ];
     let write = (
-        agent_ix(),
+        writer(),
         prop::option::weighted(0.2, agent_ix()),
         slot(),
         slot(),
@@ -311,7 +322,7 @@ fn op() -> impl Strategy<Value = Op> {
                 key,
                 expected
             }),
-        5 => (agent_ix(), slot(), slot())
+        5 => (reader(), slot(), slot())
             .prop_map(|(reader, ns, key)| Op::Read { reader, ns, key }),
         1 => (agent_ix(), 0..SOPS.len()).prop_map(|(actor, sop)| Op::Validate { actor, sop }),
         3 => (agent_ix(), runnable_sop(), 0..RUN_IDS.len())
@@ -1428,7 +1439,7 @@ where
 
 #[test]
 fn the_engine_on_the_memory_store_agrees_with_the_model() {
-    run_property(128, |ops| {
+    run_property(256, |ops| {
         runtime()
             .block_on(run_case(warden_store::MemoryStore::new(), &ops))
             .map(drop)
