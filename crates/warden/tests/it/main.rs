@@ -12,6 +12,7 @@ mod adversarial;
 mod envelopes;
 mod grants;
 mod lockdown;
+mod model;
 mod nodes;
 mod properties;
 mod quotas;
