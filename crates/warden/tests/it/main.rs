@@ -15,6 +15,7 @@ mod lockdown;
 mod nodes;
 mod properties;
 mod quotas;
+mod request_rates;
 mod runs_as_plans;
 mod session_memory;
 mod session_plans;
