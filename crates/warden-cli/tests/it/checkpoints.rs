@@ -340,3 +340,76 @@ fn an_entry_forged_after_the_last_checkpoint_is_reported_as_unsigned() {
         "{out}"
     );
 }
+
+#[test]
+fn a_server_checkpoints_every_n_entries_while_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("w.db");
+    let key = dir.path().join("audit.key");
+    let anchors = dir.path().join("anchors.jsonl");
+    let url = format!("sqlite://{}", db.display());
+    let public = keygen(&key);
+    let (mut child, _lines, addr) = start(
+        warden()
+            .env("WARDEN_OPERATOR_TOKEN", OP)
+            .env(
+                "WARDEN_AUDIT_SIGNING_KEY",
+                std::fs::read_to_string(&key).unwrap().trim(),
+            )
+            .args([
+                "serve",
+                "--database",
+                &url,
+                "--listen",
+                "127.0.0.1:0",
+                "--audit-anchor-file",
+                anchors.to_str().unwrap(),
+                "--audit-checkpoint-every",
+                "2",
+            ]),
+    );
+    let lines = |path: &Path| {
+        std::fs::read_to_string(path)
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    };
+    // Each read of an agent is recorded; the task signs within a tick.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while lines(&anchors) < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no periodic checkpoints"
+        );
+        let resp = http(
+            &addr,
+            &format!(
+                "GET /v1/agents/researcher HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {OP}\r\nconnection: close\r\n\r\n"
+            ),
+        );
+        assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    assert!(terminate(&mut child).success());
+    let f = Fixture {
+        _dir: dir,
+        db,
+        url,
+        anchors,
+        public,
+    };
+    let (code, out) = verify(
+        &f,
+        &[
+            "--trust",
+            &f.public,
+            "--anchors",
+            f.anchors.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, Some(0), "{out}");
+    let n = lines(&f.anchors);
+    assert!(
+        out.contains(&format!("{n} signed checkpoints and {n} anchors verified")),
+        "{out}"
+    );
+}
