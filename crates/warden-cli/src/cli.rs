@@ -40,6 +40,8 @@ enum Command {
         /// notification is lost.
         #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
         sync_interval_ms: u64,
+        #[command(flatten)]
+        audit_signing: crate::checkpoint::AuditSigningArgs,
     },
     /// Run the lab document's report-production scenario and print each
     /// acceptance criterion with its evidence.
@@ -100,6 +102,24 @@ enum AuditCommand {
         /// the chain must still reach: detects truncation and rewrites.
         #[arg(long)]
         expect_head: Option<String>,
+        /// The public key (64 hex digits) of the server's audit signing key:
+        /// every checkpoint in the log must be signed by a trusted key and
+        /// the chain must pass through the head it signs (repeatable).
+        #[arg(long, value_name = "PUBKEY")]
+        trust: Vec<String>,
+        /// An anchor file written by `warden serve --audit-anchor-file`:
+        /// the chain must pass through, and reach, every checkpoint in it
+        /// (needs `--trust`).
+        #[arg(long, value_name = "FILE", requires = "trust")]
+        anchors: Option<PathBuf>,
+    },
+    /// Generate an audit signing key for `warden serve --audit-key`: writes
+    /// the secret seed (64 hex digits) to a new file readable only by its
+    /// owner and prints the public key to pass to `audit verify --trust`.
+    Keygen {
+        /// The key file to create (refused if it exists).
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
     },
     /// Write the log as JSON Lines.
     Export {
@@ -145,11 +165,13 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             database,
             listen,
             sync_interval_ms,
+            audit_signing,
         } => crate::serve::run(
             policy.as_deref(),
             &database,
             &listen,
             std::time::Duration::from_millis(sync_interval_ms),
+            &audit_signing,
         ),
         Command::Demo => crate::demo::run(),
         Command::Check {
@@ -168,7 +190,15 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             AuditCommand::Verify {
                 database,
                 expect_head,
-            } => crate::audit::verify(&database, expect_head.as_deref()),
+                trust,
+                anchors,
+            } => crate::audit::verify(
+                &database,
+                expect_head.as_deref(),
+                &trust,
+                anchors.as_deref(),
+            ),
+            AuditCommand::Keygen { out } => crate::audit::keygen(&out),
             AuditCommand::Export { database, after } => crate::audit::export(&database, after),
         },
     }

@@ -6,6 +6,7 @@
 
 mod audit;
 mod check;
+mod checkpoint;
 mod cli;
 mod demo;
 mod example;

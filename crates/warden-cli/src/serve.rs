@@ -37,13 +37,21 @@ pub fn run(
     database: &str,
     listen: &str,
     sync_interval: Duration,
+    audit_signing: &crate::checkpoint::AuditSigningArgs,
 ) -> anyhow::Result<ExitCode> {
     init_tracing();
+    let audit_signing = audit_signing.load()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(serve(policy, database, listen, sync_interval))
+    runtime.block_on(serve(
+        policy,
+        database,
+        listen,
+        sync_interval,
+        audit_signing,
+    ))
 }
 
 async fn serve(
@@ -51,6 +59,7 @@ async fn serve(
     database: &str,
     listen: &str,
     sync_interval: Duration,
+    audit_signing: crate::checkpoint::AuditSigning,
 ) -> anyhow::Result<ExitCode> {
     let (text, origin) = match policy {
         Some(p) => (
@@ -136,6 +145,7 @@ async fn serve(
             "operator token: the one generated on an earlier start (only its hash is stored; set WARDEN_OPERATOR_TOKEN to use your own)"
         ),
     }
+    let audit_task = crate::checkpoint::AuditTask::spawn(state.engine().clone(), audit_signing);
     let signals = ShutdownSignals::install()?;
     println!("listening on http://{addr}");
     tracing::info!(%addr, policy = %version, database = %shown, "serving");
@@ -157,6 +167,7 @@ async fn serve(
             tracing::warn!("requests still open after {} s; exiting anyway", SHUTDOWN_GRACE.as_secs());
         }
     }
+    audit_task.finish().await;
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
 }

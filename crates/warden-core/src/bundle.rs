@@ -317,9 +317,20 @@ pub struct QuotasSpec {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Quota {
-    /// Requests per second (token bucket, burst = the same number).
+    /// Requests per second of this agent alone (token bucket, burst = the
+    /// same number).
     #[serde(default)]
     pub requests_per_second: Option<u32>,
+    /// Requests per second of this agent and all its descendants together
+    /// (one token bucket for the subtree, burst = the same number). Every
+    /// request of an agent is charged to its own `requests_per_second`
+    /// bucket and to the tree bucket of itself and of every ancestor that
+    /// has this limit; it is taken only if all of them have a token. A
+    /// descendant can therefore never exceed an ancestor's tree limit,
+    /// whatever its own quota says, and delegating to more children does
+    /// not multiply the rate.
+    #[serde(default)]
+    pub tree_requests_per_second: Option<u32>,
     /// Memory records owned.
     #[serde(default)]
     pub max_records: Option<u64>,

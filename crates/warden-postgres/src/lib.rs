@@ -235,5 +235,5 @@ pub use schema::SCHEMA_VERSION;
 pub use store::{MAX_SCHEMA_LEN, PgOptions, PgStore, is_postgres_url};
 pub use verify::{
     AnchorParseError, AuditChecker, ExportError, HeadAnchor, VERIFY_PAGE, VerifyError,
-    VerifyReport, export_audit, read_audit_head, verify_audit,
+    VerifyReport, export_audit, read_audit_head, verify_audit, verify_audit_with,
 };

@@ -25,6 +25,7 @@
 
 use std::io::{BufWriter, Write};
 
+use warden_core::audit::checkpoint::CheckpointVerifier;
 use warden_store::StoreError;
 pub use warden_store::verify::{
     AnchorParseError, AuditChecker, HeadAnchor, VerifyError, VerifyReport,
@@ -60,7 +61,7 @@ impl PgStore {
         anchor: Option<HeadAnchor>,
     ) -> Result<VerifyReport, VerifyError> {
         let mut conn = self.inner.pool.get().await?;
-        verify_on(conn.conn()?, anchor).await
+        verify_on(conn.conn()?, anchor, None).await
     }
 
     /// Write every entry with `seq > after` to `out` as JSON Lines (see
@@ -89,8 +90,21 @@ pub async fn verify_audit(
     url: &str,
     anchor: Option<HeadAnchor>,
 ) -> Result<VerifyReport, VerifyError> {
+    verify_audit_with(url, anchor, None).await
+}
+
+/// [`verify_audit`], also checking the signed checkpoints in the log (and
+/// the anchors) with `checkpoints` (`warden audit verify --trust PUBKEY
+/// [--anchors FILE]`): each checkpoint entry must be signed by a trusted
+/// key and the chain must pass through the head it signs; the chain must
+/// pass through and reach every anchor.
+pub async fn verify_audit_with(
+    url: &str,
+    anchor: Option<HeadAnchor>,
+    checkpoints: Option<CheckpointVerifier>,
+) -> Result<VerifyReport, VerifyError> {
     let mut conn = reader(url).await?;
-    verify_on(&mut conn, anchor).await
+    verify_on(&mut conn, anchor, checkpoints).await
 }
 
 /// Write every audit entry with `seq > after` of the database at `url` to
@@ -140,6 +154,7 @@ async fn reader(url: &str) -> Result<Conn, StoreError> {
 async fn verify_on(
     conn: &mut Conn,
     anchor: Option<HeadAnchor>,
+    checkpoints: Option<CheckpointVerifier>,
 ) -> Result<VerifyReport, VerifyError> {
     let mut tx = conn.snapshot().await?;
     let head = tx
@@ -150,7 +165,7 @@ async fn verify_on(
         e @ StoreError::Corrupt { .. } => VerifyError::HeadMissing(e.to_string()),
         other => VerifyError::Store(other),
     })?;
-    let mut checker = AuditChecker::new(recorded, anchor);
+    let mut checker = AuditChecker::new(recorded, anchor).with_checkpoints(checkpoints);
     let limit = i64::try_from(VERIFY_PAGE).unwrap_or(i64::MAX);
     let mut after: i64 = 0;
     loop {

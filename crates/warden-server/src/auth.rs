@@ -30,8 +30,11 @@
 //!   recorded in the audit log;
 //! - the operator's token on an agent route: 403 `agent_token_required`; an
 //!   agent's token on an operator route: 403 `operator_only` (recorded);
-//! - an agent over its `requests_per_second`: 429
-//!   `quota_requests_per_second` with `Retry-After` (recorded; the token
+//! - an agent over its `requests_per_second`, or its subtree (or an
+//!   ancestor's) over `tree_requests_per_second`: 429
+//!   `quota_requests_per_second` with `Retry-After` and, for a tree limit,
+//!   `details.tree` (the first refusal of a window recorded, later ones
+//!   counted; see `warden::access`; the token
 //!   bucket is per server process).
 //!
 //! 401s are not recorded: there is no subject to record, and recording them
@@ -147,15 +150,28 @@ async fn authenticate<S: Store>(parts: &Parts, state: &AppState<S>) -> ApiResult
         Authentication::Throttled {
             requests_per_second: rps,
             retry_after_ms,
+            tree,
             ..
         } => {
             let secs = retry_after_ms.div_ceil(1000).max(1);
+            let message = match &tree {
+                None => format!("over the quota of {rps} requests per second"),
+                Some(t) => format!("over the quota of {rps} requests per second of `{t}`'s tree"),
+            };
+            let details = match tree {
+                None => json!({"requests_per_second": rps, "retry_after_ms": retry_after_ms}),
+                Some(t) => json!({
+                    "requests_per_second": rps,
+                    "retry_after_ms": retry_after_ms,
+                    "tree": t,
+                }),
+            };
             Err(ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 QUOTA_REQUESTS_PER_SECOND.as_str().to_owned(),
-                format!("over the quota of {rps} requests per second"),
+                message,
             )
-            .with_details(json!({"requests_per_second": rps, "retry_after_ms": retry_after_ms}))
+            .with_details(details)
             .with_header(
                 header::RETRY_AFTER,
                 HeaderValue::from_str(&secs.to_string()).unwrap_or(HeaderValue::from_static("1")),

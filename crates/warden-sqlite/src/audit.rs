@@ -11,6 +11,7 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use rusqlite::{Connection, OptionalExtension, params};
+use warden_core::audit::checkpoint::CheckpointVerifier;
 use warden_core::audit::{AuditEntry, ChainHead, Digest};
 use warden_store::verify::AuditChecker;
 use warden_store::{HeadAnchor, StoreError, VerifyError, VerifyReport};
@@ -61,8 +62,21 @@ fn reader_for_url(url: &str) -> Result<Connection, StoreError> {
 /// report (or the error) and exits 0 when verified, 1 when the log is
 /// broken ([`VerifyError`] other than `Store`), 2 when it cannot be read.
 pub fn verify_audit(url: &str, anchor: Option<HeadAnchor>) -> Result<VerifyReport, VerifyError> {
+    verify_audit_with(url, anchor, None)
+}
+
+/// [`verify_audit`], also checking the signed checkpoints in the log (and
+/// the anchors) with `checkpoints` (`warden audit verify --trust PUBKEY
+/// [--anchors FILE]`): each checkpoint entry must be signed by a trusted
+/// key and the chain must pass through the head it signs; the chain must
+/// pass through and reach every anchor.
+pub fn verify_audit_with(
+    url: &str,
+    anchor: Option<HeadAnchor>,
+    checkpoints: Option<CheckpointVerifier>,
+) -> Result<VerifyReport, VerifyError> {
     let mut conn = reader_for_url(url)?;
-    verify_conn(&mut conn, anchor)
+    verify_conn(&mut conn, anchor, checkpoints)
 }
 
 /// [`verify_audit`] for a file path.
@@ -71,17 +85,18 @@ pub fn verify_audit_path(
     anchor: Option<HeadAnchor>,
 ) -> Result<VerifyReport, VerifyError> {
     let mut conn = schema::open_reader(path)?;
-    verify_conn(&mut conn, anchor)
+    verify_conn(&mut conn, anchor, None)
 }
 
 /// Verify on an open connection, in one read transaction.
 pub(crate) fn verify_conn(
     conn: &mut Connection,
     anchor: Option<HeadAnchor>,
+    checkpoints: Option<CheckpointVerifier>,
 ) -> Result<VerifyReport, VerifyError> {
     let tx = conn.transaction().store()?;
     let recorded = read_head(&tx).map_err(|e| VerifyError::HeadMissing(e.to_string()))?;
-    let mut checker = AuditChecker::new(recorded, anchor);
+    let mut checker = AuditChecker::new(recorded, anchor).with_checkpoints(checkpoints);
     {
         let mut stmt = tx
             .prepare(&format!("SELECT {AUDIT_COLUMNS} FROM audit ORDER BY seq"))

@@ -221,7 +221,9 @@ mod sessions;
 mod store;
 mod writer;
 
-pub use audit::{ExportError, export_audit, read_audit_head, verify_audit, verify_audit_path};
+pub use audit::{
+    ExportError, export_audit, read_audit_head, verify_audit, verify_audit_path, verify_audit_with,
+};
 pub use options::{DEFAULT_URL, OpenMode, SqliteOptions, Synchronous, UrlError};
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
 pub use store::SqliteStore;

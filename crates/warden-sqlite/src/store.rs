@@ -174,7 +174,7 @@ impl SqliteStore {
         let readers = Arc::clone(&self.readers);
         let run = move || {
             let mut conn = readers.take()?;
-            let result = crate::audit::verify_conn(&mut conn, anchor);
+            let result = crate::audit::verify_conn(&mut conn, anchor, None);
             readers.give_back(conn);
             Ok(result)
         };

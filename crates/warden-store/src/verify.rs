@@ -18,7 +18,15 @@
 //!    head consistently; only the anchor defeats them: the rewritten chain no
 //!    longer reaches the anchor's sequence number with the anchor's hash.
 //!
-//! [`AuditChecker`] applies all three to a stream of entries in constant
+//! A fourth, given the public key of the server's audit signing key
+//! ([`AuditChecker::with_checkpoints`]): **signed checkpoints**
+//! (`warden_core::audit::checkpoint`), appended to the chain by the server
+//! and exported to an anchor file. Each must verify under a trusted key and
+//! the chain must pass through the head it signs, so history before a
+//! checkpoint cannot be rewritten even by someone who can rewrite the whole
+//! database; the anchor file's checkpoints must all be reached.
+//!
+//! [`AuditChecker`] applies all of them to a stream of entries in constant
 //! memory; [`verify_store`] drives it through any [`Store`]'s
 //! `audit_page`, so every backend and the server share one verifier.
 
@@ -26,6 +34,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+use warden_core::audit::checkpoint::{CheckpointError, CheckpointSummary, CheckpointVerifier};
 use warden_core::audit::{AuditEntry, ChainBreak, ChainHead, ChainVerifier, Digest, EntryRef};
 
 use crate::{Store, StoreError};
@@ -96,6 +105,9 @@ pub struct VerifyReport {
     pub verified: ChainHead,
     /// The external anchor that was checked, if one was given.
     pub anchor: Option<HeadAnchor>,
+    /// What the signed checkpoints and anchors showed, if a trusted key was
+    /// given.
+    pub checkpoints: Option<CheckpointSummary>,
 }
 
 /// Why an audit log failed verification. [`VerifyError::seq`] names the
@@ -142,6 +154,10 @@ pub enum VerifyError {
         /// The anchor's sequence number.
         anchor_seq: u64,
     },
+    /// A signed checkpoint or anchor is refused, or the chain does not pass
+    /// through one.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
     /// The entry at the anchor's sequence number has another hash: the log
     /// was rewritten up to there.
     #[error("entry {seq} does not match the expected head hash: the log was rewritten")]
@@ -162,6 +178,7 @@ impl VerifyError {
             | VerifyError::PastHead { seq, .. }
             | VerifyError::AnchorMismatch { seq } => Some(*seq),
             VerifyError::AnchorNotReached { last_seq, .. } => Some(last_seq.saturating_add(1)),
+            VerifyError::Checkpoint(c) => c.seq(),
         }
     }
 }
@@ -173,6 +190,7 @@ pub struct AuditChecker {
     verifier: ChainVerifier,
     recorded: ChainHead,
     anchor: Option<HeadAnchor>,
+    checkpoints: Option<CheckpointVerifier>,
 }
 
 impl AuditChecker {
@@ -182,20 +200,39 @@ impl AuditChecker {
             verifier: ChainVerifier::new(),
             recorded,
             anchor,
+            checkpoints: None,
         }
+    }
+
+    /// Also check signed checkpoints (and anchors) with `checkpoints`.
+    pub fn with_checkpoints(mut self, checkpoints: Option<CheckpointVerifier>) -> Self {
+        self.checkpoints = checkpoints;
+        self
     }
 
     /// Check the next entry.
     pub fn push(&mut self, entry: &AuditEntry) -> Result<(), VerifyError> {
         self.verifier.push(entry)?;
-        self.against_heads(entry.seq, &entry.hash)
+        self.against_heads(entry.seq, &entry.hash)?;
+        if let Some(c) = &mut self.checkpoints {
+            c.push(entry.seq, &entry.hash, &entry.draft.operation, || {
+                Ok(entry.draft.details.clone())
+            })?;
+        }
+        Ok(())
     }
 
     /// Check the next entry given as borrowed stored fields (a backend's
     /// allocation-free path; see `warden_core::audit::EntryRef`).
     pub fn push_ref(&mut self, entry: &EntryRef<'_>) -> Result<(), VerifyError> {
         self.verifier.push_ref(entry)?;
-        self.against_heads(entry.seq, &entry.hash)
+        self.against_heads(entry.seq, &entry.hash)?;
+        if let Some(c) = &mut self.checkpoints {
+            c.push(entry.seq, &entry.hash, entry.operation, || {
+                serde_json::from_slice(entry.details).map_err(|e| e.to_string())
+            })?;
+        }
+        Ok(())
     }
 
     fn against_heads(&self, seq: u64, hash: &Digest) -> Result<(), VerifyError> {
@@ -232,9 +269,14 @@ impl AuditChecker {
                 return Err(VerifyError::AnchorMismatch { seq: 0 });
             }
         }
+        let checkpoints = match self.checkpoints {
+            Some(c) => Some(c.finish()?),
+            None => None,
+        };
         Ok(VerifyReport {
             verified,
             anchor: self.anchor,
+            checkpoints,
         })
     }
 }
@@ -253,8 +295,17 @@ pub async fn verify_store<S: Store>(
     store: &S,
     anchor: Option<HeadAnchor>,
 ) -> Result<VerifyReport, VerifyError> {
+    verify_store_with(store, anchor, None).await
+}
+
+/// [`verify_store`], also checking signed checkpoints with `checkpoints`.
+pub async fn verify_store_with<S: Store>(
+    store: &S,
+    anchor: Option<HeadAnchor>,
+    checkpoints: Option<CheckpointVerifier>,
+) -> Result<VerifyReport, VerifyError> {
     let recorded = store.audit_head().await?;
-    let mut checker = AuditChecker::new(recorded, anchor);
+    let mut checker = AuditChecker::new(recorded, anchor).with_checkpoints(checkpoints);
     let mut after = 0;
     while after < recorded.seq {
         let page = store.audit_page(after, VERIFY_PAGE).await?;

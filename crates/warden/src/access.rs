@@ -17,11 +17,29 @@
 //!   subject to record, and recording them would let anyone grow the log);
 //! - a genuine token of a revoked agent: [`Authentication::AgentRevoked`],
 //!   recorded `agent_revoked`;
-//! - an agent over its `requests_per_second`:
-//!   [`Authentication::Throttled`], recorded `quota_requests_per_second`.
-//!   The token bucket (burst = the rate, refilled from the engine's clock)
-//!   is kept **per engine**, in memory: engines sharing a store each allow
-//!   the rate, and a restart refills every bucket.
+//! - an agent over a request rate: [`Authentication::Throttled`], reason
+//!   `quota_requests_per_second`. Each request is charged to the agent's
+//!   own `requests_per_second` bucket and to the `tree_requests_per_second`
+//!   bucket of the agent and of every ancestor that has one, all or none
+//!   (so ten children of one parent share the parent's tree rate). The
+//!   first refusal of an agent opens a one-second window and is recorded
+//!   (details: `limit` `agent` or `tree`, the `tree`'s agent, the rate);
+//!   later refusals in the window are only counted, and the count is
+//!   recorded as one entry (`{"suppressed": N, "window_start": MS,
+//!   "window_end": MS}`, resource `requests refused in the window`) at the
+//!   agent's next recorded refusal or accepted request, or when any request
+//!   (or [`Engine::flush_refusal_counts`]) finds the window closed. A
+//!   throttled agent adds at most about two entries per window, and the
+//!   entries still say how many requests were refused: the recorded ones
+//!   plus the `suppressed` counts. Counts still open when the process
+//!   stops are lost with it.
+//!
+//!   Buckets and windows are kept **per engine**, in memory, exact within
+//!   one process: engines sharing a store each allow the rates (N servers
+//!   allow N times a tree's rate), and a restart refills every bucket. The
+//!   state is one (tokens, timestamp) pair per bucket key, so it can move
+//!   to the shared store and be charged in one transaction without
+//!   changing the rule.
 //!
 //! Route refusals ([`Engine::refuse_route`]: `operator_only`,
 //! `agent_token_required`) are recorded under `auth.request` too.
@@ -51,6 +69,9 @@ use crate::tokens::{hash_token, well_formed};
 /// Longest route (audit resource) recorded for a request, in bytes.
 const MAX_ROUTE_BYTES: usize = 256;
 
+/// The resource of an entry counting refusals not recorded one by one.
+const SUPPRESSED_RESOURCE: &str = "requests refused in the window";
+
 /// Who a token names, or why it names no one who may act now.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Authentication {
@@ -67,13 +88,21 @@ pub enum Authentication {
         /// The recorded decision (`agent_revoked`).
         decision: Decision,
     },
-    /// The agent is over its `requests_per_second`; the denial was
-    /// recorded.
+    /// The agent is over its `requests_per_second`, or its request would
+    /// take its own or an ancestor's subtree over `tree_requests_per_second`.
+    /// Recorded if it is the agent's first refusal in its window, counted
+    /// otherwise (see the module docs).
     Throttled {
-        /// The recorded decision (`quota_requests_per_second`).
+        /// The decision (`quota_requests_per_second`).
         decision: Decision,
-        /// The agent's rate.
+        /// Whether this refusal has its own entry (false: it was counted,
+        /// and the count is recorded later).
+        recorded: bool,
+        /// The rate of the limit that refused it.
         requests_per_second: u32,
+        /// The agent whose `tree_requests_per_second` refused it (itself
+        /// or an ancestor); `None` for its own `requests_per_second`.
+        tree: Option<AgentId>,
         /// How long until the next request would be taken, in
         /// milliseconds.
         retry_after_ms: u64,
@@ -192,37 +221,229 @@ struct Bucket {
     last_ms: i64,
 }
 
-/// Per-agent token buckets for `requests_per_second`, in this engine's
-/// memory.
+impl Bucket {
+    /// The bucket refilled at `rate` per second up to `now_ms` (a new bucket
+    /// is full).
+    fn refilled(found: Option<&Bucket>, rate: f64, now_ms: i64) -> Bucket {
+        match found {
+            None => Bucket {
+                tokens: rate,
+                last_ms: now_ms,
+            },
+            Some(b) => {
+                let elapsed = (now_ms - b.last_ms).max(0) as f64;
+                Bucket {
+                    tokens: (b.tokens + elapsed * rate / 1000.0).min(rate),
+                    last_ms: b.last_ms.max(now_ms),
+                }
+            }
+        }
+    }
+}
+
+/// Which bucket a request is charged to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum BucketKey {
+    /// The agent's own `requests_per_second`.
+    Agent(AgentId),
+    /// The `tree_requests_per_second` of this agent's subtree.
+    Tree(AgentId),
+}
+
+/// One limit a request is charged to: a bucket and its rate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Charge {
+    /// The bucket.
+    pub(crate) key: BucketKey,
+    /// Its rate (and burst), per second.
+    pub(crate) rate: u32,
+}
+
+/// The limit that refused a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refused {
+    /// The bucket that was empty (the one with the longest wait).
+    pub(crate) key: BucketKey,
+    /// Its rate.
+    pub(crate) rate: u32,
+    /// Milliseconds until it has a token again.
+    pub(crate) retry_after_ms: u64,
+}
+
+/// Token buckets for `requests_per_second` (per agent) and
+/// `tree_requests_per_second` (per subtree), in this engine's memory.
+///
+/// A request is charged to all its buckets at once, under one lock: it is
+/// taken only if every bucket has a token, and then takes one from each, so
+/// the limits hold exactly within one engine however requests interleave.
+/// The state is a token count and a timestamp per bucket, keyed by
+/// [`BucketKey`]: a shared store could keep the same rows and apply the
+/// same rule in one transaction.
 #[derive(Debug, Default)]
 pub(crate) struct RequestBuckets {
-    buckets: Mutex<HashMap<AgentId, Bucket>>,
+    buckets: Mutex<HashMap<BucketKey, Bucket>>,
 }
 
 impl RequestBuckets {
-    /// Take one request from `agent`'s bucket; `Err(retry_after_ms)` when
-    /// it is empty.
-    pub(crate) fn take(&self, agent: &AgentId, rps: u32, now_ms: i64) -> Result<(), u64> {
-        let rate = f64::from(rps.max(1));
+    /// Take one request from every bucket in `charges`, or from none:
+    /// `Err` names the empty bucket with the longest wait.
+    pub(crate) fn take(&self, charges: &[Charge], now_ms: i64) -> Result<(), Refused> {
         let Ok(mut map) = self.buckets.lock() else {
             return Ok(());
         };
-        let bucket = match map.get_mut(agent) {
-            Some(b) => b,
-            None => map.entry(agent.clone()).or_insert(Bucket {
-                tokens: rate,
-                last_ms: now_ms,
-            }),
-        };
-        let elapsed = (now_ms - bucket.last_ms).max(0) as f64;
-        bucket.tokens = (bucket.tokens + elapsed * rate / 1000.0).min(rate);
-        bucket.last_ms = bucket.last_ms.max(now_ms);
-        if bucket.tokens >= 1.0 {
-            bucket.tokens -= 1.0;
-            Ok(())
-        } else {
-            Err(((1.0 - bucket.tokens) * 1000.0 / rate).ceil() as u64)
+        let mut refilled = Vec::with_capacity(charges.len());
+        let mut refused: Option<Refused> = None;
+        for charge in charges {
+            let rate = f64::from(charge.rate.max(1));
+            let bucket = Bucket::refilled(map.get(&charge.key), rate, now_ms);
+            if bucket.tokens < 1.0 {
+                let wait = ((1.0 - bucket.tokens) * 1000.0 / rate).ceil() as u64;
+                if refused.as_ref().is_none_or(|r| wait > r.retry_after_ms) {
+                    refused = Some(Refused {
+                        key: charge.key.clone(),
+                        rate: charge.rate,
+                        retry_after_ms: wait,
+                    });
+                }
+            }
+            refilled.push((charge.key.clone(), bucket));
         }
+        let taken = refused.is_none();
+        for (key, mut bucket) in refilled {
+            if taken {
+                bucket.tokens -= 1.0;
+            }
+            map.insert(key, bucket);
+        }
+        match refused {
+            None => Ok(()),
+            Some(r) => Err(r),
+        }
+    }
+}
+
+/// How long a refusal window lasts: the first refusal of an agent opens
+/// one and is recorded; later refusals in it are only counted.
+pub(crate) const REFUSAL_WINDOW_MS: i64 = 1_000;
+
+/// An agent's open refusal window.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    start_ms: i64,
+    suppressed: u64,
+}
+
+/// A count of refusals that were not recorded one by one, due for the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Suppressed {
+    pub(crate) agent: AgentId,
+    pub(crate) window_start_ms: i64,
+    pub(crate) count: u64,
+}
+
+/// What to do with one refusal.
+#[derive(Debug)]
+pub(crate) struct RefusalPlan {
+    /// Record this refusal (the first of its window).
+    pub(crate) record: bool,
+    /// Counts of closed windows to record first.
+    pub(crate) flush: Vec<Suppressed>,
+}
+
+/// Per-agent refusal windows: bounds what a throttled agent adds to the
+/// log (one entry per window plus one count per window with more) without
+/// losing how many requests were refused.
+#[derive(Debug, Default)]
+pub(crate) struct RefusalWindows {
+    windows: Mutex<HashMap<AgentId, Window>>,
+}
+
+impl RefusalWindows {
+    /// A refusal of `agent` at `now_ms`.
+    pub(crate) fn refused(&self, agent: &AgentId, now_ms: i64) -> RefusalPlan {
+        let Ok(mut map) = self.windows.lock() else {
+            return RefusalPlan {
+                record: true,
+                flush: Vec::new(),
+            };
+        };
+        let mut flush = Self::closed(&mut map, now_ms);
+        match map.get_mut(agent) {
+            Some(w) if now_ms < w.start_ms.saturating_add(REFUSAL_WINDOW_MS) => {
+                w.suppressed += 1;
+                RefusalPlan {
+                    record: false,
+                    flush,
+                }
+            }
+            found => {
+                if let Some(w) = found.copied()
+                    && w.suppressed > 0
+                {
+                    flush.push(Suppressed {
+                        agent: agent.clone(),
+                        window_start_ms: w.start_ms,
+                        count: w.suppressed,
+                    });
+                }
+                map.insert(
+                    agent.clone(),
+                    Window {
+                        start_ms: now_ms,
+                        suppressed: 0,
+                    },
+                );
+                RefusalPlan {
+                    record: true,
+                    flush,
+                }
+            }
+        }
+    }
+
+    /// Counts due at `now_ms`: every closed window's, and `accepted`'s own
+    /// open window's (its next request was taken, so the count is recorded
+    /// now, before what follows).
+    pub(crate) fn due(&self, accepted: Option<&AgentId>, now_ms: i64) -> Vec<Suppressed> {
+        let Ok(mut map) = self.windows.lock() else {
+            return Vec::new();
+        };
+        if map.is_empty() {
+            return Vec::new();
+        }
+        let mut out = Self::closed(&mut map, now_ms);
+        if let Some(agent) = accepted
+            && let Some(w) = map.remove(agent)
+            && w.suppressed > 0
+        {
+            out.push(Suppressed {
+                agent: agent.clone(),
+                window_start_ms: w.start_ms,
+                count: w.suppressed,
+            });
+        }
+        out
+    }
+
+    /// Remove the windows closed at `now_ms`; the counts of those with
+    /// suppressed refusals.
+    fn closed(map: &mut HashMap<AgentId, Window>, now_ms: i64) -> Vec<Suppressed> {
+        let mut out = Vec::new();
+        map.retain(|agent, w| {
+            if now_ms < w.start_ms.saturating_add(REFUSAL_WINDOW_MS) {
+                return true;
+            }
+            if w.suppressed > 0 {
+                out.push(Suppressed {
+                    agent: agent.clone(),
+                    window_start_ms: w.start_ms,
+                    count: w.suppressed,
+                });
+            }
+            false
+        });
+        out.sort_by(|a, b| (a.window_start_ms, &a.agent).cmp(&(b.window_start_ms, &b.agent)));
+        out
     }
 }
 
@@ -277,22 +498,108 @@ impl<S: Store> Engine<S> {
             self.record(&decision).await?;
             return Ok(Authentication::AgentRevoked { decision });
         }
-        if let Some(rps) = self
-            .inner
-            .policy
-            .quota_for(&agent)
-            .and_then(|q| q.requests_per_second)
-            && let Err(retry_after_ms) = self.inner.buckets.take(&agent, rps, self.now().0)
+        let now = self.now();
+        let charges = self.charges(&view.lineage);
+        let taken = if charges.is_empty() {
+            Ok(())
+        } else {
+            self.inner.buckets.take(&charges, now.0)
+        };
+        match taken {
+            Ok(()) => {
+                self.record_suppressed(self.inner.refusals.due(Some(&agent), now.0))
+                    .await?;
+                Ok(Authentication::Agent(agent))
+            }
+            Err(refused) => {
+                let plan = self.inner.refusals.refused(&agent, now.0);
+                self.record_suppressed(plan.flush).await?;
+                let decision = self.refusal(&caller, er::QUOTA_REQUESTS_PER_SECOND, route);
+                if plan.record {
+                    let (limit, tree) = match &refused.key {
+                        BucketKey::Agent(_) => ("agent", None),
+                        BucketKey::Tree(of) => ("tree", Some(of.clone())),
+                    };
+                    let draft = self.draft(&decision).with_details(json!({
+                        "limit": limit,
+                        "tree": tree,
+                        "requests_per_second": refused.rate,
+                    }));
+                    self.inner.store.append_audit(vec![draft]).await?;
+                }
+                Ok(Authentication::Throttled {
+                    decision,
+                    recorded: plan.record,
+                    requests_per_second: refused.rate,
+                    tree: match refused.key {
+                        BucketKey::Agent(_) => None,
+                        BucketKey::Tree(of) => Some(of),
+                    },
+                    retry_after_ms: refused.retry_after_ms,
+                })
+            }
+        }
+    }
+
+    /// The buckets a request of the agent with `lineage` (itself first,
+    /// then its ancestors) is charged to: its own `requests_per_second`,
+    /// and the `tree_requests_per_second` of itself and every ancestor that
+    /// has one.
+    fn charges(&self, lineage: &[AgentId]) -> Vec<Charge> {
+        let policy = &self.inner.policy;
+        let mut out = Vec::new();
+        if let Some(own) = lineage.first()
+            && let Some(rate) = policy.quota_for(own).and_then(|q| q.requests_per_second)
         {
-            let decision = self.refusal(&caller, er::QUOTA_REQUESTS_PER_SECOND, route);
-            self.record(&decision).await?;
-            return Ok(Authentication::Throttled {
-                decision,
-                requests_per_second: rps,
-                retry_after_ms,
+            out.push(Charge {
+                key: BucketKey::Agent(own.clone()),
+                rate,
             });
         }
-        Ok(Authentication::Agent(agent))
+        for a in lineage {
+            if let Some(rate) = policy.quota_for(a).and_then(|q| q.tree_requests_per_second) {
+                out.push(Charge {
+                    key: BucketKey::Tree(a.clone()),
+                    rate,
+                });
+            }
+        }
+        out
+    }
+
+    /// Record the counts of refusals that were not recorded one by one:
+    /// one `quota_requests_per_second` entry per window, with
+    /// `{"suppressed": N, "window_start": MS, "window_end": MS}`.
+    async fn record_suppressed(&self, due: Vec<Suppressed>) -> Result<(), EngineError> {
+        if due.is_empty() {
+            return Ok(());
+        }
+        let now = self.now();
+        let drafts = due
+            .into_iter()
+            .map(|s| {
+                let decision = self.refusal(
+                    &Caller::Agent(s.agent),
+                    er::QUOTA_REQUESTS_PER_SECOND,
+                    SUPPRESSED_RESOURCE,
+                );
+                self.draft(&decision).with_details(json!({
+                    "suppressed": s.count,
+                    "window_start": s.window_start_ms,
+                    "window_end": s.window_start_ms.saturating_add(REFUSAL_WINDOW_MS).min(now.0.max(s.window_start_ms)),
+                }))
+            })
+            .collect();
+        self.inner.store.append_audit(drafts).await?;
+        Ok(())
+    }
+
+    /// Record the counts of every refusal window that has closed by now
+    /// (a server calls this periodically and on shutdown, so an agent that
+    /// stops sending does not leave its count unrecorded).
+    pub async fn flush_refusal_counts(&self) -> Result<(), EngineError> {
+        let due = self.inner.refusals.due(None, self.now().0);
+        self.record_suppressed(due).await
     }
 
     /// Record that `caller` may not use `route` (`auth.request`, deny).
@@ -479,18 +786,87 @@ impl<S: Store> Engine<S> {
 mod tests {
     use super::*;
 
+    fn own(a: &AgentId, rate: u32) -> Charge {
+        Charge {
+            key: BucketKey::Agent(a.clone()),
+            rate,
+        }
+    }
+
+    fn tree(a: &AgentId, rate: u32) -> Charge {
+        Charge {
+            key: BucketKey::Tree(a.clone()),
+            rate,
+        }
+    }
+
     #[test]
     fn token_bucket_allows_a_burst_then_refills_at_the_rate() {
         let q = RequestBuckets::default();
         let a = AgentId::parse("a").unwrap();
-        assert!(q.take(&a, 2, 0).is_ok());
-        assert!(q.take(&a, 2, 0).is_ok());
-        assert_eq!(q.take(&a, 2, 0), Err(500));
-        assert_eq!(q.take(&a, 2, 250), Err(250));
-        assert!(q.take(&a, 2, 500).is_ok());
-        assert!(q.take(&a, 2, 10_000).is_ok());
-        assert!(q.take(&a, 2, 10_000).is_ok());
-        assert!(q.take(&a, 2, 10_000).is_err());
+        let c = [own(&a, 2)];
+        assert!(q.take(&c, 0).is_ok());
+        assert!(q.take(&c, 0).is_ok());
+        assert_eq!(q.take(&c, 0).unwrap_err().retry_after_ms, 500);
+        assert_eq!(q.take(&c, 250).unwrap_err().retry_after_ms, 250);
+        assert!(q.take(&c, 500).is_ok());
+        assert!(q.take(&c, 10_000).is_ok());
+        assert!(q.take(&c, 10_000).is_ok());
+        assert!(q.take(&c, 10_000).is_err());
+    }
+
+    #[test]
+    fn a_request_takes_from_every_bucket_or_from_none() {
+        let q = RequestBuckets::default();
+        let (p, c1, c2) = (
+            AgentId::parse("p").unwrap(),
+            AgentId::parse("c1").unwrap(),
+            AgentId::parse("c2").unwrap(),
+        );
+        // c1 may do 2/s alone, but p's subtree only 3/s together.
+        let for_c1 = [own(&c1, 2), tree(&p, 3)];
+        let for_c2 = [own(&c2, 2), tree(&p, 3)];
+        assert!(q.take(&for_c1, 0).is_ok());
+        assert!(q.take(&for_c1, 0).is_ok());
+        // c1's own bucket is empty: refused, and p's tree is not charged.
+        let r = q.take(&for_c1, 0).unwrap_err();
+        assert_eq!(r.key, BucketKey::Agent(c1.clone()));
+        assert!(q.take(&for_c2, 0).is_ok());
+        // Now the tree is empty: c2 has tokens of its own but is refused.
+        let r = q.take(&for_c2, 0).unwrap_err();
+        assert_eq!((r.key, r.rate), (BucketKey::Tree(p.clone()), 3));
+        assert_eq!(r.retry_after_ms, 334);
+    }
+
+    #[test]
+    fn refusals_are_recorded_once_per_window_and_counted() {
+        let w = RefusalWindows::default();
+        let a = AgentId::parse("a").unwrap();
+        assert!(w.refused(&a, 0).record);
+        for t in 1..100 {
+            let plan = w.refused(&a, t);
+            assert!(!plan.record && plan.flush.is_empty());
+        }
+        // The next refusal after the window: recorded, with the count.
+        let plan = w.refused(&a, REFUSAL_WINDOW_MS);
+        assert!(plan.record);
+        assert_eq!(
+            plan.flush,
+            vec![Suppressed {
+                agent: a.clone(),
+                window_start_ms: 0,
+                count: 99
+            }]
+        );
+        // An accepted request flushes the open window's count at once.
+        w.refused(&a, REFUSAL_WINDOW_MS + 1);
+        assert_eq!(w.due(Some(&a), REFUSAL_WINDOW_MS + 2)[0].count, 1);
+        assert!(w.due(Some(&a), REFUSAL_WINDOW_MS + 3).is_empty());
+        // A closed window is flushed by anyone's request.
+        assert!(w.refused(&a, 5_000).record);
+        w.refused(&a, 5_001);
+        assert!(w.due(None, 5_500).is_empty());
+        assert_eq!(w.due(None, 6_000)[0].count, 1);
     }
 
     #[test]

@@ -1,6 +1,10 @@
 //! The decision log as the engine offers it: pages of entries, the recorded
-//! head, and a verification of the whole chain against that head.
+//! head, a verification of the whole chain against that head, and signed
+//! checkpoints of the head ([`Engine::checkpoint_audit`]).
 
+use warden_core::audit::checkpoint::{
+    CHECKPOINT_OPERATION, Checkpoint, SignedCheckpoint, SigningKey,
+};
 use warden_core::audit::{AuditEntry, ChainHead, ChainVerifier};
 use warden_store::Store;
 
@@ -50,6 +54,41 @@ impl<S: Store> Engine<S> {
     /// The head the store recorded with its last append.
     pub async fn audit_head(&self) -> Result<ChainHead, EngineError> {
         Ok(self.inner.store.audit_head().await?)
+    }
+
+    /// Sign the chain's current head with `key` and append the checkpoint
+    /// to the chain (operation `audit.checkpoint`, details
+    /// `{"checkpoint": {seq, hash, time, key, signature}}`). Nothing is
+    /// signed (`None`) when the chain is empty or its last entry is already
+    /// a checkpoint. The checkpoint signs the head as the store has it: see
+    /// `warden_core::audit::checkpoint` for what that does and does not
+    /// prove.
+    pub async fn checkpoint_audit(
+        &self,
+        key: &SigningKey,
+    ) -> Result<Option<SignedCheckpoint>, EngineError> {
+        let store = &self.inner.store;
+        let head = store.audit_head().await?;
+        if head.seq == 0 {
+            return Ok(None);
+        }
+        let last = store.audit_page(head.seq - 1, 1).await?;
+        if last
+            .first()
+            .is_some_and(|e| e.seq == head.seq && e.draft.operation == CHECKPOINT_OPERATION)
+        {
+            return Ok(None);
+        }
+        let signed = Checkpoint {
+            seq: head.seq,
+            hash: head.hash,
+            time: self.now(),
+        }
+        .sign(key);
+        store
+            .append_audit(vec![signed.draft(&self.inner.policy.version)])
+            .await?;
+        Ok(Some(signed))
     }
 
     /// Recompute the whole chain, in batches, and check it reaches the

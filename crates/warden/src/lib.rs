@@ -23,11 +23,14 @@
 //! in a request body or SOP can change it. Bearer tokens are engine
 //! operations too ([`Engine::issue_token`], [`Engine::revoke_token`],
 //! [`Engine::ensure_operator_token`]); [`Engine::authenticate`] turns a
-//! token into a caller (or a recorded refusal, with the per-engine
-//! `requests_per_second` bucket), and [`Engine::read_agent`],
+//! token into a caller (or a refusal, with the per-engine
+//! `requests_per_second` and `tree_requests_per_second` buckets; a
+//! throttled agent's refusals are recorded once per window and counted),
+//! and [`Engine::read_agent`],
 //! [`Engine::run_visibility`] and [`Engine::read_envelope`] decide and
 //! record who may see what. The decision log is read and verified through
-//! [`Engine::audit_page`] and [`Engine::verify_audit`].
+//! [`Engine::audit_page`] and [`Engine::verify_audit`];
+//! [`Engine::checkpoint_audit`] signs its head.
 //!
 //! With a `context:` section in the policy, every run carries a context
 //! envelope that accumulates what its steps produce and gates the next step,

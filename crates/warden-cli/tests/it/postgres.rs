@@ -722,3 +722,130 @@ agents:
     let (code, out) = audit_verify(&schema.url);
     assert_eq!(code, 0, "{out}");
 }
+
+/// Signed checkpoints on PostgreSQL: a server with `--audit-key` and
+/// `--audit-anchor-file` signs its head on shutdown; `audit verify --trust`
+/// passes on the real log, fails with another key, fails at the checkpoint
+/// once history before it is rewritten with correct hashes (which plain
+/// verification accepts), and `--anchors` catches a deleted tail.
+#[test]
+fn signed_checkpoints_catch_a_rehashed_rewrite_on_postgres() {
+    let base = url_or_skip!();
+    let schema = Schema::new(base);
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("audit.key");
+    let anchors = dir.path().join("anchors.jsonl");
+    let keygen = |path: &std::path::Path| {
+        let out = warden()
+            .args(["audit", "keygen", "--out", path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .strip_prefix("public key: ")
+            .unwrap()
+            .to_owned()
+    };
+    let public = keygen(&key);
+    let other = keygen(&dir.path().join("other.key"));
+    let mut server = Server::start_with(
+        &schema.url,
+        &[
+            "--audit-key",
+            key.to_str().unwrap(),
+            "--audit-anchor-file",
+            anchors.to_str().unwrap(),
+        ],
+    );
+    register(&server.addr, "pg_checkpointed");
+    assert!(
+        super::terminate(&mut server.child).success(),
+        "{}",
+        server.log()
+    );
+    let verify = |extra: &[&str]| {
+        let out = warden()
+            .args(["audit", "verify", "--database", &schema.url])
+            .args(extra)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
+    };
+    let anchor_arg = anchors.to_str().unwrap();
+    let (code, out) = verify(&["--trust", &public, "--anchors", anchor_arg]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("1 signed checkpoints and 1 anchors verified"),
+        "{out}"
+    );
+    let (code, out) = verify(&["--trust", &other]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("not trusted"), "{out}");
+
+    // Rewrite entry 1 and re-seal every later entry with correct hashes.
+    let export = warden()
+        .args(["audit", "export", "--database", &schema.url])
+        .output()
+        .unwrap();
+    let entries: Vec<warden_core::audit::AuditEntry> = String::from_utf8_lossy(&export.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let checkpoint = entries
+        .iter()
+        .rev()
+        .find(|e| e.draft.operation == "audit.checkpoint")
+        .unwrap()
+        .seq;
+    let mut prev = warden_core::audit::Digest::GENESIS;
+    let mut statements = String::from("ALTER TABLE audit_log DISABLE TRIGGER USER;\n");
+    for e in &entries {
+        let mut draft = e.draft.clone();
+        if e.seq == 1 {
+            draft.resource = "forged".into();
+        }
+        let sealed = draft.clone().seal(e.seq, prev);
+        let mut details = Vec::new();
+        warden_core::canonical::write_canonical(&draft.details, &mut details);
+        statements.push_str(&format!(
+            "UPDATE audit_log SET resource = '{}', details = '{}', prev_hash = decode('{}', 'hex'), hash = decode('{}', 'hex') WHERE seq = {};\n",
+            draft.resource.replace('\'', "''"),
+            String::from_utf8(details).unwrap().replace('\'', "''"),
+            sealed.prev_hash.to_hex(),
+            sealed.hash.to_hex(),
+            e.seq
+        ));
+        prev = sealed.hash;
+    }
+    statements.push_str(&format!(
+        "UPDATE audit_head SET hash = decode('{}', 'hex');\n",
+        prev.to_hex()
+    ));
+    sql(&schema.url, &statements);
+    assert_eq!(verify(&[]).0, 0, "plain verification is fooled");
+    let (code, out) = verify(&["--trust", &public]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "broken at entry {checkpoint}: checkpoint entry {checkpoint} signs entry"
+        )),
+        "{out}"
+    );
+
+    // Delete the newest entries (the checkpoint with them): only the
+    // anchor file notices.
+    let keep = checkpoint - 2;
+    sql(
+        &schema.url,
+        &format!(
+            "DELETE FROM audit_log WHERE seq > {keep};\nUPDATE audit_head SET seq = {keep}, hash = (SELECT hash FROM audit_log WHERE seq = {keep});"
+        ),
+    );
+    assert_eq!(verify(&["--trust", &public]).0, 0);
+    let (code, out) = verify(&["--trust", &public, "--anchors", anchor_arg]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("its newest entries were deleted"), "{out}");
+}

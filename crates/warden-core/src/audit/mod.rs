@@ -12,9 +12,14 @@
 //! and hash) recorded somewhere the writer of the log cannot rewrite; the
 //! verifier takes such an anchor ([`ChainVerifier::finish_against`]).
 //!
+//! The chain has no key: whoever can write the database can append an
+//! entry with a correct hash. Signed checkpoints of the head ([`checkpoint`])
+//! bound what such a writer can do.
+//!
 //! Secret values and full argument payloads never enter an entry: callers put
 //! ids, names and hashes into `details`, never values.
 
+pub mod checkpoint;
 mod hash;
 #[cfg(test)]
 mod tests;

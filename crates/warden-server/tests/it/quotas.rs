@@ -175,3 +175,57 @@ async fn runs_in_flight_are_limited_until_a_run_finishes() {
         .expect(201);
     s.stop().await;
 }
+
+fn tree_policy() -> String {
+    format!(
+        "{LAB_POLICY}\nquotas:\n  default: {{requests_per_second: 50}}\n  agents:\n    researcher: {{tree_requests_per_second: 3}}\n"
+    )
+}
+
+#[tokio::test]
+async fn a_subtree_shares_its_tree_rate_and_refusals_do_not_flood_the_log() {
+    let s = TestServer::with(&tree_policy(), ServerConfig::default()).await;
+    let researcher = s.token_for("researcher").await;
+    let formatter = s.token_for("formatter").await;
+    let manager = s.token_for("report_manager").await;
+    let path = "/v1/memory/project/client_region";
+    // The researcher and its child share 3 per second, though each may do
+    // 50 alone; the manager (outside the subtree) is not limited by it.
+    s.get(path, &researcher).await.expect(200);
+    s.get(path, &formatter).await.expect(200);
+    s.get(path, &formatter).await.expect(200);
+    let r = s
+        .get(path, &researcher)
+        .await
+        .expect_error(429, "quota_requests_per_second");
+    assert_eq!(
+        r.json()["error"]["details"]["requests_per_second"],
+        json!(3)
+    );
+    let first = s.last_audit().await;
+    s.get(path, &manager).await.expect(200);
+    let before = s.audit().await.len();
+    assert_eq!(first.draft.details["limit"], json!("tree"));
+    assert_eq!(first.draft.details["tree"], json!("researcher"));
+    // 500 refusals of the formatter in the same second: its first is
+    // recorded, the others only counted.
+    for _ in 0..500 {
+        s.get(path, &formatter)
+            .await
+            .expect_error(429, "quota_requests_per_second");
+    }
+    assert_eq!(s.audit().await.len(), before + 1);
+    // The next second: one accepted request records the count first.
+    s.clock.advance(1_000);
+    s.get(path, &formatter).await.expect(200);
+    let counts: Vec<_> = s
+        .audit()
+        .await
+        .into_iter()
+        .filter(|e| e.draft.details.get("suppressed").is_some())
+        .collect();
+    assert_eq!(counts.len(), 1, "{counts:#?}");
+    assert_eq!(counts[0].draft.details["suppressed"], json!(499));
+    assert_eq!(counts[0].draft.reason, "quota_requests_per_second");
+    s.stop().await;
+}

@@ -218,6 +218,7 @@ async fn the_request_rate_is_throttled_per_agent_recorded_and_refilled_by_the_cl
         decision,
         requests_per_second,
         retry_after_ms,
+        ..
     } = &auth
     else {
         panic!("expected a throttle, got {auth:?}");

@@ -16,6 +16,7 @@ mod model;
 mod nodes;
 mod properties;
 mod quotas;
+mod request_rates;
 mod runs_as_plans;
 mod session_memory;
 mod session_plans;
