@@ -211,6 +211,7 @@ mod audit;
 mod codec;
 mod context;
 mod error;
+mod lock;
 mod memory;
 #[cfg(test)]
 mod migration_tests;
@@ -222,6 +223,7 @@ mod store;
 mod writer;
 
 pub use audit::{ExportError, export_audit, read_audit_head, verify_audit, verify_audit_path};
+pub use lock::lock_path;
 pub use options::{DEFAULT_URL, OpenMode, SqliteOptions, Synchronous, UrlError};
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
 pub use store::SqliteStore;
