@@ -14,7 +14,9 @@ use anyhow::{Context, anyhow};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use warden::SystemClock;
-use warden_server::{AppState, OperatorTokenSource, ServerConfig, ensure_operator_token};
+use warden_server::{
+    AppState, ConnectionLimits, OperatorTokenSource, ServerConfig, ensure_operator_token,
+};
 
 use crate::example::EXAMPLE_POLICY;
 
@@ -37,13 +39,14 @@ pub fn run(
     database: &str,
     listen: &str,
     sync_interval: Duration,
+    limits: ConnectionLimits,
 ) -> anyhow::Result<ExitCode> {
     init_tracing();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(serve(policy, database, listen, sync_interval))
+    runtime.block_on(serve(policy, database, listen, sync_interval, limits))
 }
 
 async fn serve(
@@ -51,6 +54,7 @@ async fn serve(
     database: &str,
     listen: &str,
     sync_interval: Duration,
+    limits: ConnectionLimits,
 ) -> anyhow::Result<ExitCode> {
     let (text, origin) = match policy {
         Some(p) => (
@@ -146,7 +150,7 @@ async fn serve(
         tracing::info!("shutting down: finishing requests in flight");
         let _ = stop_tx.send(true);
     };
-    let server = warden_server::serve(listener, state, shutdown);
+    let server = warden_server::serve_with(listener, state, limits, shutdown);
     let forced = async move {
         let _ = stop_rx.wait_for(|stop| *stop).await;
         tokio::time::sleep(SHUTDOWN_GRACE).await;

@@ -302,13 +302,19 @@ fn configure(conn: &Connection) -> Result<(), StoreError> {
 /// Inspect `conn` with reads only.
 fn inspect(conn: &Connection, path: &Path) -> Result<Found, StoreError> {
     let p = display(path);
-    // The first read parses the header: random bytes fail here.
+    // The first read parses the header: random bytes fail here. A file
+    // that cannot even be opened (a WAL database on a read-only filesystem
+    // whose shared-memory file is missing) is not thereby corrupt.
+    let not_sqlite = |e: rusqlite::Error| match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::CannotOpen) => open_failed(path, e),
+        _ => StoreError::corrupt(format!("`{p}` is not a sqlite database: {e}")),
+    };
     let app_id: i32 = conn
         .pragma_query_value(None, "application_id", |r| r.get(0))
-        .map_err(|e| StoreError::corrupt(format!("`{p}` is not a sqlite database: {e}")))?;
+        .map_err(not_sqlite)?;
     let tables: i64 = conn
         .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
-        .map_err(|e| StoreError::corrupt(format!("`{p}` is not a sqlite database: {e}")))?;
+        .map_err(not_sqlite)?;
     if app_id == 0 && tables == 0 {
         return Ok(Found::Fresh);
     }

@@ -14,6 +14,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 mod check;
+mod hardening;
 mod postgres;
 
 const OP: &str = "cli-test-operator-token-0123456789abcdef";
