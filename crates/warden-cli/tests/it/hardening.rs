@@ -30,11 +30,23 @@ fn a_second_server_on_one_sqlite_file_is_refused() {
         "127.0.0.1:0",
     ]));
     let before = std::fs::read(&db).unwrap();
-    let out = warden()
+    let mut second = warden()
         .env("WARDEN_OPERATOR_TOKEN", OP)
         .args(["serve", "--database", &url, "--listen", "127.0.0.1:0"])
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while second.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            second.kill().unwrap();
+            let _ = second.wait();
+            panic!("a second server started on the same file");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = second.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
