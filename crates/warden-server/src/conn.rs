@@ -267,7 +267,10 @@ pub async fn serve_with<S: Store>(
                 });
             }
             Err(_) => {
-                tracing::warn!(limit = max, "connection limit reached; refusing a connection");
+                tracing::warn!(
+                    limit = max,
+                    "connection limit reached; refusing a connection"
+                );
                 if let Ok(slot) = Arc::clone(&refusals).try_acquire_owned() {
                     tokio::spawn(async move {
                         refuse(stream).await;

@@ -48,9 +48,9 @@ pub(crate) fn io_failure(path: &Path, what: &str, e: &std::io::Error) -> StoreEr
         ErrorKind::StorageFull | ErrorKind::QuotaExceeded => {
             StoreError::unavailable(format!("cannot write `{p}`: disk full"))
         }
-        ErrorKind::NotFound => StoreError::backend(format!(
-            "cannot {what} `{p}`: its directory does not exist"
-        )),
+        ErrorKind::NotFound => {
+            StoreError::backend(format!("cannot {what} `{p}`: its directory does not exist"))
+        }
         _ => StoreError::backend(format!("cannot {what} `{p}`: {e}")),
     }
 }

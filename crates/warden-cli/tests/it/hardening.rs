@@ -50,8 +50,7 @@ fn a_second_server_on_one_sqlite_file_is_refused() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("in use by another Warden process")
-            && err.contains(&db.display().to_string()),
+        err.contains("in use by another Warden process") && err.contains(&db.display().to_string()),
         "{err}"
     );
     assert!(!String::from_utf8_lossy(&out.stdout).contains("listening on"));
@@ -94,7 +93,8 @@ fn read_until_closed(s: &mut TcpStream, patience: Duration) -> Option<Vec<u8>> {
     let mut got = Vec::new();
     let mut buf = [0u8; 1024];
     while Instant::now() < deadline {
-        s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
         match s.read(&mut buf) {
             Ok(0) => return Some(got),
             Ok(n) => got.extend_from_slice(&buf[..n]),
@@ -225,7 +225,11 @@ fn idle_and_trickling_connections_do_not_hold_the_server() {
     s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
         .unwrap();
     let got = read_until_closed(&mut s, patience).expect("the idle connection is closed");
-    assert!(got.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&got));
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
     assert!(terminate(&mut child).success());
 }
 
@@ -237,7 +241,9 @@ fn can_unshare() -> bool {
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        eprintln!("skipped: `unshare --mount` is not available here (needs root or user namespaces)");
+        eprintln!(
+            "skipped: `unshare --mount` is not available here (needs root or user namespaces)"
+        );
     }
     ok
 }

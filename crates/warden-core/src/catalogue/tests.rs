@@ -370,8 +370,15 @@ fn path_within_refuses_ambiguous_unicode() {
         assert_eq!(got, ["path_ambiguous_unicode:path"], "{path:?}");
     }
     // Plain non-ASCII names in NFC are ordinary names.
-    for path in ["internal/résumé.txt", "internal/日本語/報告.txt", "internal/a b.txt"] {
-        assert!(check(&cat, "artifact.save", json!({ "path": path })).is_empty(), "{path:?}");
+    for path in [
+        "internal/résumé.txt",
+        "internal/日本語/報告.txt",
+        "internal/a b.txt",
+    ] {
+        assert!(
+            check(&cat, "artifact.save", json!({ "path": path })).is_empty(),
+            "{path:?}"
+        );
     }
 }
 
@@ -447,7 +454,10 @@ fn host_in_adversarial_hosts() {
             "https://uploads\u{ff0e}example\u{ff0e}com/x",
             Some("host_not_allowed"),
         ),
-        ("https://uploads.example.com\u{202e}/x", Some("host_not_allowed")),
+        (
+            "https://uploads.example.com\u{202e}/x",
+            Some("host_not_allowed"),
+        ),
         ("https://img.cdn.example.com./x", Some("host_not_allowed")),
         ("https:uploads.example.com/x", Some("host_not_allowed")),
     ];

@@ -48,7 +48,12 @@ struct Holder {
 /// Start a child holding `path` open for writing; returns once it said so.
 fn holder(path: &Path) -> Holder {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["lock::lock_child", "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            "lock::lock_child",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, path)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -110,10 +115,16 @@ async fn stores_of_one_process_share_the_lock_and_release_it_together() {
     drop(a);
     // `b` still holds the lock for this process...
     let probe = std::fs::File::open(lock_path(&path)).unwrap();
-    assert!(probe.try_lock().is_err(), "the lock is held while `b` lives");
+    assert!(
+        probe.try_lock().is_err(),
+        "the lock is held while `b` lives"
+    );
     drop(b);
     // ...and dropping the last store releases it.
-    assert!(probe.try_lock().is_ok(), "the lock is released with the last store");
+    assert!(
+        probe.try_lock().is_ok(),
+        "the lock is released with the last store"
+    );
     probe.unlock().unwrap();
     let child = holder(&path);
     release(child);
