@@ -42,6 +42,19 @@ enum Command {
         sync_interval_ms: u64,
         #[command(flatten)]
         audit_signing: crate::checkpoint::AuditSigningArgs,
+        /// Most client connections open at once; a connection past the
+        /// limit is answered `503 unavailable` and closed.
+        #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+        max_connections: u64,
+        /// Milliseconds a connection has to deliver a complete request head
+        /// (from its accept, or from the first byte of a later request);
+        /// slower ones are closed.
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+        header_timeout_ms: u64,
+        /// Milliseconds a kept-alive connection may wait for its next
+        /// request before it is closed.
+        #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
+        idle_timeout_ms: u64,
     },
     /// Run the lab document's report-production scenario and print each
     /// acceptance criterion with its evidence.
@@ -166,12 +179,20 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             listen,
             sync_interval_ms,
             audit_signing,
+            max_connections,
+            header_timeout_ms,
+            idle_timeout_ms,
         } => crate::serve::run(
             policy.as_deref(),
             &database,
             &listen,
             std::time::Duration::from_millis(sync_interval_ms),
             &audit_signing,
+            warden_server::ConnectionLimits {
+                max_connections: usize::try_from(max_connections).unwrap_or(usize::MAX),
+                header_timeout: std::time::Duration::from_millis(header_timeout_ms),
+                idle_timeout: std::time::Duration::from_millis(idle_timeout_ms),
+            },
         ),
         Command::Demo => crate::demo::run(),
         Command::Check {

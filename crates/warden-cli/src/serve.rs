@@ -14,7 +14,9 @@ use anyhow::{Context, anyhow};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use warden::SystemClock;
-use warden_server::{AppState, OperatorTokenSource, ServerConfig, ensure_operator_token};
+use warden_server::{
+    AppState, ConnectionLimits, OperatorTokenSource, ServerConfig, ensure_operator_token,
+};
 
 use crate::example::EXAMPLE_POLICY;
 
@@ -38,6 +40,7 @@ pub fn run(
     listen: &str,
     sync_interval: Duration,
     audit_signing: &crate::checkpoint::AuditSigningArgs,
+    limits: ConnectionLimits,
 ) -> anyhow::Result<ExitCode> {
     init_tracing();
     let audit_signing = audit_signing.load()?;
@@ -51,6 +54,7 @@ pub fn run(
         listen,
         sync_interval,
         audit_signing,
+        limits,
     ))
 }
 
@@ -60,6 +64,7 @@ async fn serve(
     listen: &str,
     sync_interval: Duration,
     audit_signing: crate::checkpoint::AuditSigning,
+    limits: ConnectionLimits,
 ) -> anyhow::Result<ExitCode> {
     let (text, origin) = match policy {
         Some(p) => (
@@ -156,7 +161,7 @@ async fn serve(
         tracing::info!("shutting down: finishing requests in flight");
         let _ = stop_tx.send(true);
     };
-    let server = warden_server::serve(listener, state, shutdown);
+    let server = warden_server::serve_with(listener, state, limits, shutdown);
     let forced = async move {
         let _ = stop_rx.wait_for(|stop| *stop).await;
         tokio::time::sleep(SHUTDOWN_GRACE).await;

@@ -40,6 +40,7 @@
 
 pub mod auth;
 pub mod body;
+pub mod conn;
 mod console;
 pub mod error;
 mod mcp;
@@ -58,22 +59,20 @@ use tokio::net::TcpListener;
 use warden_store::Store;
 
 pub use auth::{OperatorTokenError, OperatorTokenSource, ensure_operator_token};
+pub use conn::{ConnectionLimits, serve_with};
 pub use error::ApiError;
 pub use metered::Metered;
 pub use routes::{API, Access, ErrorDoc, Payload, ROUTES, Route, RouteDoc, WireType, router};
 pub use signing::{EnvelopeKeyConfig, EnvelopeKeySource, EnvelopeSigner};
 pub use state::{AppState, Limits, PROVENANCE_SECRET_ENV, ServerConfig};
 
-/// Serve the API on `listener` until `shutdown` completes; then stop
-/// accepting connections and finish the requests in flight before
-/// returning.
+/// Serve the API on `listener` with the default [`ConnectionLimits`]
+/// until `shutdown` completes; then stop accepting connections and finish
+/// the requests in flight before returning. See [`serve_with`].
 pub async fn serve<S: Store>(
     listener: TcpListener,
     state: AppState<S>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = router(state);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_with(listener, state, ConnectionLimits::default(), shutdown).await
 }

@@ -1,5 +1,7 @@
 //! Mapping SQLite failures onto [`StoreError`].
 
+use std::path::Path;
+
 use rusqlite::ErrorCode;
 use warden_store::{Entity, StoreError};
 
@@ -26,6 +28,30 @@ pub(crate) fn map(e: rusqlite::Error) -> StoreError {
             StoreError::unavailable(e)
         }
         _ => StoreError::backend(e),
+    }
+}
+
+/// A failed file operation on `path` (`what`: "create the lock file"),
+/// said plainly: a read-only filesystem or a permission problem is
+/// [`StoreError::ReadOnly`], a full disk [`StoreError::Unavailable`],
+/// anything else [`StoreError::Backend`].
+pub(crate) fn io_failure(path: &Path, what: &str, e: &std::io::Error) -> StoreError {
+    use std::io::ErrorKind;
+    let p = path.display();
+    match e.kind() {
+        ErrorKind::ReadOnlyFilesystem => {
+            StoreError::read_only(format!("cannot write `{p}`: read-only file system"))
+        }
+        ErrorKind::PermissionDenied => {
+            StoreError::read_only(format!("cannot write `{p}`: permission denied"))
+        }
+        ErrorKind::StorageFull | ErrorKind::QuotaExceeded => {
+            StoreError::unavailable(format!("cannot write `{p}`: disk full"))
+        }
+        ErrorKind::NotFound => {
+            StoreError::backend(format!("cannot {what} `{p}`: its directory does not exist"))
+        }
+        _ => StoreError::backend(format!("cannot {what} `{p}`: {e}")),
     }
 }
 

@@ -87,10 +87,45 @@
 //!   callers share it (see the benchmarks).
 //!
 //! Each group reads the audit head under the write lock, so two stores on
-//! one file (two processes, say) still build one chain; they take turns on
+//! one file (in one process) still build one chain; they take turns on
 //! SQLite's write lock (waiting up to 5 s for it). Dropping a
 //! [`SqliteStore`] waits for the writer to answer what is queued and close
 //! the file.
+//!
+//! ## One writing process per file
+//!
+//! A store opened for writing holds an exclusive advisory lock on the
+//! sibling file `PATH.lock` ([`lock_path`]; `flock(2)` on Unix through
+//! `std::fs::File::try_lock`) for as long as it lives. It is taken after
+//! the file is inspected and before anything is written, so a second
+//! *process* opening the file for writing fails with
+//! `StoreError::Unavailable` (`` `PATH` is in use by another Warden process
+//! (it holds the lock on `PATH.lock`) ``) and changes nothing. Two servers
+//! on one file would each cache the hierarchy, and a revocation made
+//! through one would never reach the other; servers that share a database
+//! use PostgreSQL.
+//!
+//! - Stores of one process share the lock (a registry keyed by the lock
+//!   file's canonical path), so tests and tools may open a file twice; the
+//!   lock is released when the last of them is dropped.
+//! - Read-only opens (`mode=ro`, [`verify_audit`], [`export_audit`],
+//!   `warden audit verify` and `export`) take no lock and work beside a
+//!   running server: WAL readers never disturb the writer.
+//! - The lock lives on a sibling file, not on the database, because SQLite's
+//!   own POSIX locks on the database are dropped whenever any descriptor of
+//!   it is closed in the process. The kernel releases the lock when the
+//!   process ends (`kill -9` included); the empty file stays. Removing it
+//!   while a server runs defeats the check.
+//!
+//! ## When the filesystem is the problem
+//!
+//! Opening for writing says what is wrong: `` cannot write `PATH`:
+//! read-only file system `` or `permission denied` (`StoreError::ReadOnly`),
+//! `` cannot write `PATH`: disk full `` (`StoreError::Unavailable`). While
+//! serving, `SQLITE_FULL` is `StoreError::Unavailable` (HTTP 503): every
+//! write fails, and so does a read the engine records; reads that record
+//! nothing (the audit log and its verification) still answer, and writes
+//! succeed again once there is room.
 //!
 //! ## Reading
 //!
@@ -211,6 +246,7 @@ mod audit;
 mod codec;
 mod context;
 mod error;
+mod lock;
 mod memory;
 #[cfg(test)]
 mod migration_tests;
@@ -224,6 +260,7 @@ mod writer;
 pub use audit::{
     ExportError, export_audit, read_audit_head, verify_audit, verify_audit_path, verify_audit_with,
 };
+pub use lock::lock_path;
 pub use options::{DEFAULT_URL, OpenMode, SqliteOptions, Synchronous, UrlError};
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
 pub use store::SqliteStore;

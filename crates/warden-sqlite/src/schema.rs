@@ -8,12 +8,14 @@
 //! [`StoreError::SchemaTooNew`], and either is left byte-for-byte as it was.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use warden_store::{Entity, StoreError};
 
 use crate::error::SqlResultExt;
+use crate::lock::WriterLock;
 use crate::options::{OpenMode, SqliteOptions};
 
 /// The schema version this build writes and reads.
@@ -300,13 +302,19 @@ fn configure(conn: &Connection) -> Result<(), StoreError> {
 /// Inspect `conn` with reads only.
 fn inspect(conn: &Connection, path: &Path) -> Result<Found, StoreError> {
     let p = display(path);
-    // The first read parses the header: random bytes fail here.
+    // The first read parses the header: random bytes fail here. A file
+    // that cannot even be opened (a WAL database on a read-only filesystem
+    // whose shared-memory file is missing) is not thereby corrupt.
+    let not_sqlite = |e: rusqlite::Error| match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::CannotOpen) => open_failed(path, e),
+        _ => StoreError::corrupt(format!("`{p}` is not a sqlite database: {e}")),
+    };
     let app_id: i32 = conn
         .pragma_query_value(None, "application_id", |r| r.get(0))
-        .map_err(|e| StoreError::corrupt(format!("`{p}` is not a sqlite database: {e}")))?;
+        .map_err(not_sqlite)?;
     let tables: i64 = conn
         .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
-        .map_err(|e| StoreError::corrupt(format!("`{p}` is not a sqlite database: {e}")))?;
+        .map_err(not_sqlite)?;
     if app_id == 0 && tables == 0 {
         return Ok(Found::Fresh);
     }
@@ -394,8 +402,76 @@ pub(crate) fn open_checkpointer(path: &Path) -> Result<Connection, StoreError> {
 
 /// Open the connection that writes, creating and migrating the file as
 /// `options` allow. For [`OpenMode::ReadOnly`] this checks the file and
-/// returns `None`: the store then has no writer.
-pub(crate) fn open_writer(options: &SqliteOptions) -> Result<Option<Connection>, StoreError> {
+/// returns `None`: the store then has no writer. The writer lock (see
+/// [`crate::lock`]) is taken after the file is known to be usable and
+/// before anything is written, and returned with the connection.
+pub(crate) fn open_writer(
+    options: &SqliteOptions,
+) -> Result<Option<(Connection, Arc<WriterLock>)>, StoreError> {
+    let opened = open_writer_inner(options);
+    if options.mode == OpenMode::ReadOnly {
+        return opened;
+    }
+    opened.map_err(|e| explain(e, &options.path))
+}
+
+/// Say plainly why a file could not be opened for writing when the
+/// filesystem is the reason: `cannot write PATH: read-only file system`,
+/// `permission denied` or `disk full`. Other errors are kept.
+fn explain(e: StoreError, path: &Path) -> StoreError {
+    match e {
+        StoreError::ReadOnly { .. } | StoreError::Backend { .. } => {
+            why_unwritable(path).unwrap_or(e)
+        }
+        StoreError::Unavailable { ref source } if is_disk_full(source.as_ref()) => {
+            StoreError::unavailable(format!("cannot write `{}`: disk full", display(path)))
+        }
+        other => other,
+    }
+}
+
+/// Whether an error (or its source chain) is SQLite's `SQLITE_FULL`.
+fn is_disk_full(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(e);
+    while let Some(e) = current {
+        if let Some(rusqlite::Error::SqliteFailure(f, _)) = e.downcast_ref::<rusqlite::Error>()
+            && f.code == rusqlite::ErrorCode::DiskFull
+        {
+            return true;
+        }
+        current = e.source();
+    }
+    false
+}
+
+/// Why `path` or its directory cannot be written, found by trying without
+/// changing anything: opening the file for writing (no truncation) and
+/// creating an anonymous temporary file beside it.
+fn why_unwritable(path: &Path) -> Option<StoreError> {
+    if path.is_file()
+        && let Err(e) = std::fs::OpenOptions::new().write(true).open(path)
+    {
+        return Some(crate::error::io_failure(path, "open", &e));
+    }
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        return None;
+    }
+    match tempfile::tempfile_in(dir) {
+        Ok(_) => None,
+        Err(e) => match crate::error::io_failure(path, "create a file beside", &e) {
+            StoreError::Backend { .. } => None,
+            plain => Some(plain),
+        },
+    }
+}
+
+fn open_writer_inner(
+    options: &SqliteOptions,
+) -> Result<Option<(Connection, Arc<WriterLock>)>, StoreError> {
     let path = options.path.as_path();
     let p = display(path);
     if options.mode == OpenMode::ReadOnly {
@@ -427,6 +503,8 @@ pub(crate) fn open_writer(options: &SqliteOptions) -> Result<Option<Connection>,
             "`{p}` cannot be written (file permissions or a read-only filesystem)"
         )));
     }
+    // One writing process per file: refuse before writing anything.
+    let lock = crate::lock::acquire(path)?;
     // Only now, with a file known to be ours (or empty), write to it.
     let mode: String = conn
         .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
@@ -443,7 +521,7 @@ pub(crate) fn open_writer(options: &SqliteOptions) -> Result<Option<Connection>,
     conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)
         .store()?;
     migrate(&mut conn, path, SCHEMA_VERSION)?;
-    Ok(Some(conn))
+    Ok(Some((conn, lock)))
 }
 
 /// Apply every migration past the file's version up to `target` (always

@@ -25,6 +25,7 @@ use crate::audit::audit_page_in;
 use crate::codec::{self};
 use crate::context;
 use crate::error::{SqlResultExt, duplicate_or};
+use crate::lock::WriterLock;
 use crate::memory::{delete_in, put_in, usage_in};
 use crate::options::SqliteOptions;
 use crate::runs::{create_run_in, load_run, record_step_in};
@@ -61,10 +62,12 @@ impl Readers {
 pub struct SqliteStore {
     // Field order is drop order: idle readers close first, then the writer
     // thread finishes, closes its connection last (checkpointing the WAL
-    // into the file), and only then is the temporary directory (if any)
-    // removed.
+    // into the file), then the writer lock is released (when no other store
+    // of this process shares it), and only then is the temporary directory
+    // (if any) removed.
     readers: Arc<Readers>,
     writer: Option<Writer>,
+    _lock: Option<Arc<WriterLock>>,
     options: SqliteOptions,
     _temp: Option<tempfile::TempDir>,
 }
@@ -134,9 +137,12 @@ impl SqliteStore {
         options: SqliteOptions,
         temp: Option<tempfile::TempDir>,
     ) -> Result<Self, StoreError> {
-        let writer = match schema::open_writer(&options)? {
-            Some(conn) => Some(Writer::spawn(conn, &options.path, options.max_batch)?),
-            None => None,
+        let (writer, lock) = match schema::open_writer(&options)? {
+            Some((conn, lock)) => (
+                Some(Writer::spawn(conn, &options.path, options.max_batch)?),
+                Some(lock),
+            ),
+            None => (None, None),
         };
         let readers = Arc::new(Readers {
             path: options.path.clone(),
@@ -149,6 +155,7 @@ impl SqliteStore {
         Ok(Self {
             readers,
             writer,
+            _lock: lock,
             options,
             _temp: temp,
         })

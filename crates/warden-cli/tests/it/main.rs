@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 mod check;
 mod checkpoints;
+mod hardening;
 mod postgres;
 
 const OP: &str = "cli-test-operator-token-0123456789abcdef";

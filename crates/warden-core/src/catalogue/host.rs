@@ -5,7 +5,13 @@
 //! (`https://uploads.example.com@evil.com` is `evil.com`). To narrow the room
 //! for parser differentials with whatever the handler uses, inputs with
 //! userinfo, whitespace, control characters or backslashes are refused
-//! outright rather than normalised.
+//! outright rather than normalised. So is every authority a parser could
+//! read in more than one way: userinfo of any kind, even empty
+//! (`https://@host/`), percent-encoded octets (`uploads%2Eexample.com`),
+//! host characters NFKC would change (fullwidth dots) or invisible ones,
+//! a trailing dot, an IPv4 address in any spelling but dotted decimal
+//! (`0x0a.0.0.7`, `167772167`, `10.7`), and a URL without `//` before its
+//! host (`https:uploads.example.com`).
 
 use std::net::{IpAddr, Ipv6Addr};
 
@@ -93,6 +99,10 @@ impl HostAllow {
             return Err(HostProblem::Host);
         }
         let host = url.host().ok_or(HostProblem::Host)?;
+        let written = raw_host(raw).ok_or(HostProblem::Host)?;
+        if !is_unambiguous_host(written, &host) {
+            return Err(HostProblem::Host);
+        }
         let explicit_port = url.port();
         let effective_port = url.port_or_known_default();
         let allowed = self.hosts.iter().any(|entry| {
@@ -126,6 +136,50 @@ impl HostPattern {
             (HostPattern::Ip(IpAddr::V6(want)), Host::Ipv6(got)) => want == got,
             _ => false,
         }
+    }
+}
+
+/// The host as written in `raw`: after `scheme://`, before the port and
+/// the path. `None` when there is no `//` or there is userinfo (any `@`,
+/// even with nothing before it).
+fn raw_host(raw: &str) -> Option<&str> {
+    let (_, rest) = raw.split_once(':')?;
+    let rest = rest.strip_prefix("//")?;
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = rest.get(..end)?;
+    if authority.contains('@') {
+        return None;
+    }
+    if authority.starts_with('[') {
+        let close = authority.find(']')?;
+        return authority.get(..=close);
+    }
+    Some(authority.split_once(':').map_or(authority, |(h, _)| h))
+}
+
+/// Whether the written host has one reading only: no percent-encoding, no
+/// character NFKC would change, no invisible character, no trailing dot,
+/// no label separator but `.`, and an IPv4 address only in its canonical
+/// dotted-decimal form.
+fn is_unambiguous_host(written: &str, parsed: &Host<&str>) -> bool {
+    use unicode_normalization::UnicodeNormalization;
+    if written.is_empty() || written.contains('%') || written.ends_with('.') {
+        return false;
+    }
+    if !written.is_ascii()
+        && (written
+            .chars()
+            .any(crate::provenance::normalise::is_invisible)
+            || !written.nfkc().eq(written.chars()))
+    {
+        return false;
+    }
+    match parsed {
+        Host::Ipv4(ip) => written == ip.to_string(),
+        // IDNA maps `。` (U+3002) and `｡` (U+FF61) to a dot too: the labels
+        // must be the ones written.
+        Host::Domain(d) => written.split('.').count() == d.split('.').count(),
+        Host::Ipv6(_) => true,
     }
 }
 
@@ -249,6 +303,26 @@ mod tests {
             "uploads.example.com/x",
             "//uploads.example.com/x",
             "https://uploads.example.com\\@evil.com/",
+            // Userinfo of any kind, even empty.
+            "https://@uploads.example.com/",
+            "https://:@uploads.example.com/",
+            "https://user@uploads.example.com/",
+            // Percent-encoded hosts, which the parser would decode.
+            "https://uploads%2Eexample.com/",
+            "https://%75ploads.example.com/",
+            "https://a.cdn.example%2Ecom/x",
+            // Fullwidth and other compatibility dots, invisible characters.
+            "https://uploads\u{ff0e}example.com/",
+            "https://uploads\u{3002}example.com/",
+            "https://uploads\u{ff61}example.com/",
+            "https://uploads.example\u{ff0e}com/",
+            "https://\u{ff55}ploads.example.com/",
+            "https://uploads\u{200b}.example.com/",
+            "https://uploads.example.com\u{ad}/",
+            "https://a.cdn.example.com./x",
+            // No `//`: the WHATWG parser would still find a host.
+            "https:uploads.example.com/x",
+            "https:/uploads.example.com/x",
             " https://uploads.example.com/",
             "https://uploads.example.com/\n",
             "",
@@ -273,8 +347,17 @@ mod tests {
             &["https", "http"],
         );
         assert_eq!(a.check("https://10.0.0.7/x"), Ok(()));
-        // The WHATWG parser normalises odd IPv4 spellings; they still match.
-        assert_eq!(a.check("http://0x0a.0.0.7/"), Ok(()));
+        // Odd IPv4 spellings, which the WHATWG parser would normalise and
+        // another parser may read as a name, are refused.
+        for odd in [
+            "http://0x0a.0.0.7/",
+            "http://012.0.0.7/",
+            "http://167772167/",
+            "http://10.7/",
+            "http://10.0.0.7./",
+        ] {
+            assert_eq!(a.check(odd), Err(HostProblem::Host), "{odd}");
+        }
         assert_eq!(a.check("https://10.0.0.8/x"), Err(HostProblem::Host));
         assert_eq!(a.check("https://[2001:db8::1]:8443/"), Ok(()));
         assert_eq!(a.check("https://[2001:db8::1]/"), Err(HostProblem::Host));

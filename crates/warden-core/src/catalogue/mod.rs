@@ -61,8 +61,14 @@ pub mod reasons {
     /// The path is absolute, climbs above the root, or holds NUL/control
     /// characters, backslashes or percent-encoded octets.
     pub const PATH_TRAVERSAL: &str = "path_traversal";
-    /// The URL is not a URL, has userinfo, or its host or port is not
-    /// allowed.
+    /// A path component holds a character that NFKC normalisation would
+    /// change (fullwidth dots, the one-dot leader, compatibility forms), an
+    /// invisible or bidi-control character, or non-ASCII whitespace.
+    pub const PATH_AMBIGUOUS_UNICODE: &str = "path_ambiguous_unicode";
+    /// The URL is not a URL, has userinfo (even empty: `https://@host`), a
+    /// percent-encoded, non-NFKC or invisible character or a trailing dot
+    /// in its host, an IPv4 address not in dotted-decimal form, or its host
+    /// or port is not allowed.
     pub const HOST_NOT_ALLOWED: &str = "host_not_allowed";
     /// The URL's scheme is not allowed.
     pub const SCHEME_NOT_ALLOWED: &str = "scheme_not_allowed";

@@ -9,10 +9,23 @@
 //! includes `%25`, so double encoding goes too) leaves one meaning only. A
 //! lone `%` not followed by two hex digits is an ordinary character.
 //!
+//! For the same reason a path must already be in the one form every layer
+//! agrees on: a component that NFKC normalisation would change (fullwidth
+//! `．．`, the one-dot leader `․`, fullwidth solidus `／`, ligatures,
+//! compatibility digits) or that holds an invisible character (zero-width
+//! characters, the soft hyphen, bidi controls such as the right-to-left
+//! override, variation selectors, tags) or a Unicode line or paragraph
+//! separator is refused, not folded: a filesystem, an archive tool or a
+//! reviewer's screen may each read it differently.
+//!
 //! Symbolic links are out of scope: the check is lexical, and handlers must
 //! not follow links out of their root.
 
 use std::borrow::Cow;
+
+use unicode_normalization::UnicodeNormalization;
+
+use crate::provenance::normalise::is_invisible;
 
 /// Why a path was refused before glob matching.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,12 +42,17 @@ pub(crate) enum PathProblem {
     PercentEncoded,
     /// A `..` that climbs above the root.
     EscapesRoot,
+    /// A character NFKC normalisation would change, an invisible
+    /// (default-ignorable, bidi control) character or a non-ASCII
+    /// whitespace character.
+    AmbiguousUnicode,
 }
 
 impl PathProblem {
-    /// `Empty` is merely outside every glob; the rest are traversal attempts.
+    /// `Empty` is merely outside every glob and `AmbiguousUnicode` has its
+    /// own reason; the rest are traversal attempts.
     pub(crate) fn is_traversal(self) -> bool {
-        !matches!(self, PathProblem::Empty)
+        !matches!(self, PathProblem::Empty | PathProblem::AmbiguousUnicode)
     }
 }
 
@@ -59,6 +77,9 @@ pub(crate) fn normalise(raw: &str) -> Result<Cow<'_, str>, PathProblem> {
     if has_percent_escape(bytes) {
         return Err(PathProblem::PercentEncoded);
     }
+    if !raw.is_ascii() && is_ambiguous(raw) {
+        return Err(PathProblem::AmbiguousUnicode);
+    }
 
     let already_normal = raw.split('/').all(|seg| !matches!(seg, "" | "." | ".."));
     if already_normal {
@@ -81,6 +102,14 @@ pub(crate) fn normalise(raw: &str) -> Result<Cow<'_, str>, PathProblem> {
         return Err(PathProblem::Empty);
     }
     Ok(Cow::Owned(kept.join("/")))
+}
+
+/// Whether `raw` holds a character that NFKC would change, an invisible
+/// character, or whitespace other than the ASCII space.
+fn is_ambiguous(raw: &str) -> bool {
+    raw.chars()
+        .any(|c| is_invisible(c) || (c.is_whitespace() && c != ' '))
+        || !raw.nfkc().eq(raw.chars())
 }
 
 fn has_percent_escape(bytes: &[u8]) -> bool {
@@ -147,6 +176,7 @@ mod tests {
             assert_eq!(normalise(raw), Err(want), "{raw:?}");
         }
         assert!(!Empty.is_traversal());
+        assert!(!AmbiguousUnicode.is_traversal());
         assert!(EscapesRoot.is_traversal());
     }
 }

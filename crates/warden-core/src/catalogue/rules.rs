@@ -13,7 +13,7 @@ use regex::{Regex, RegexBuilder};
 use serde_json::{Map, Value};
 
 use super::host::{HostAllow, HostCompileError, HostProblem};
-use super::path::normalise;
+use super::path::{PathProblem, normalise};
 use super::reasons;
 use super::spec::{ArgumentRule, Classification};
 use crate::decision::Reason;
@@ -263,6 +263,7 @@ fn check_string(check: &Check, s: &str) -> Option<&'static str> {
                     Some(reasons::PATH_OUTSIDE_ALLOWED)
                 }
             }
+            Err(PathProblem::AmbiguousUnicode) => Some(reasons::PATH_AMBIGUOUS_UNICODE),
             Err(problem) if problem.is_traversal() => Some(reasons::PATH_TRAVERSAL),
             Err(_) => Some(reasons::PATH_OUTSIDE_ALLOWED),
         },

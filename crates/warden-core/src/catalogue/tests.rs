@@ -318,6 +318,70 @@ fn path_within_adversarial_paths() {
     }
 }
 
+/// Paths that read one way on a screen and another to a filesystem or an
+/// archive tool: every one is refused with its own reason, wherever the
+/// character sits in the path, and whether or not it would escape.
+#[test]
+fn path_within_refuses_ambiguous_unicode() {
+    let cat = lab();
+    let tricks = [
+        // Fullwidth and compatibility dots: `．．` reads `..` after NFKC.
+        "internal/\u{ff0e}\u{ff0e}/secret.txt",
+        "internal/\u{ff0e}/a.txt",
+        "internal/a\u{ff0e}txt",
+        "\u{ff0e}\u{ff0e}/internal/x",
+        // The one-dot and two-dot leaders (`․` is `.` after NFKC).
+        "internal/\u{2024}\u{2024}/x",
+        "internal/\u{2025}/x",
+        "internal/a\u{2024}txt",
+        // Small full stop, fullwidth solidus and reverse solidus.
+        "internal/\u{fe52}\u{fe52}/x",
+        "internal\u{ff0f}..\u{ff0f}x",
+        "internal/..\u{ff3c}x",
+        // Fullwidth letters (NFKC folds them into `internal`).
+        "\u{ff49}nternal/x",
+        // Bidi controls: the right-to-left override and its friends.
+        "internal/\u{202e}txt.exe",
+        "internal/a\u{202a}b",
+        "internal/a\u{2066}b\u{2069}",
+        "internal/\u{200f}a",
+        "internal/a\u{61c}b",
+        // Invisible characters.
+        "internal/a\u{200b}b",
+        "internal/\u{200d}x",
+        "internal/\u{feff}x",
+        "internal/a\u{ad}b",
+        "internal/a\u{2060}b",
+        "internal/a\u{fe0f}b",
+        "internal/a\u{e0041}b",
+        "internal/\u{3164}",
+        // Non-ASCII whitespace and separators.
+        "internal/a\u{a0}b",
+        "internal/a\u{2028}b",
+        "internal/a\u{3000}b",
+        // A decomposed `é` (NFKC composes it).
+        "internal/re\u{301}sume\u{301}.txt",
+        // Ligatures and compatibility digits.
+        "internal/\u{fb01}le.txt",
+        "internal/\u{2460}.txt",
+    ];
+    for path in tricks {
+        let got = check(&cat, "artifact.save", json!({ "path": path }));
+        assert_eq!(got, ["path_ambiguous_unicode:path"], "{path:?}");
+    }
+    // Plain non-ASCII names in NFC are ordinary names.
+    for path in [
+        "internal/résumé.txt",
+        "internal/日本語/報告.txt",
+        "internal/a b.txt",
+    ] {
+        assert!(
+            check(&cat, "artifact.save", json!({ "path": path })).is_empty(),
+            "{path:?}"
+        );
+    }
+}
+
 #[test]
 fn star_does_not_cross_separators() {
     let cat = single_rule(
@@ -382,6 +446,20 @@ fn host_in_adversarial_hosts() {
         ("https://127.0.0.1/x", Some("host_not_allowed")),
         ("https://[::1]/x", Some("host_not_allowed")),
         ("untrusted-service", Some("host_not_allowed")),
+        ("https://@uploads.example.com/x", Some("host_not_allowed")),
+        ("https://@img.cdn.example.com/x", Some("host_not_allowed")),
+        ("https://uploads%2eexample.com/x", Some("host_not_allowed")),
+        ("https://uploads.example%2Ecom/x", Some("host_not_allowed")),
+        (
+            "https://uploads\u{ff0e}example\u{ff0e}com/x",
+            Some("host_not_allowed"),
+        ),
+        (
+            "https://uploads.example.com\u{202e}/x",
+            Some("host_not_allowed"),
+        ),
+        ("https://img.cdn.example.com./x", Some("host_not_allowed")),
+        ("https:uploads.example.com/x", Some("host_not_allowed")),
     ];
     for (url, want) in cases {
         let got = check(&cat, "external.upload", json!({ "destination": url }));

@@ -11,6 +11,7 @@ mod bad_input;
 mod context;
 mod crash;
 mod durability;
+mod lock;
 mod sessions;
 mod support;
 mod tamper;
