@@ -133,7 +133,7 @@ macro_rules! escalation_cols {
     () => {
         "escalation_id, target, requested_by, operation, resource, reason, envelope_id, \
          envelope_version, classification, obligations, status, created_at, resolved_by, \
-         resolved_at, rejection_reason, consumed_at"
+         resolved_at, rejection_reason, consumed_at, request"
     };
 }
 /// Zero rows: the id exists, or an open escalation holds the target
@@ -141,7 +141,7 @@ macro_rules! escalation_cols {
 pub const INSERT_ESCALATION: &str = concat!(
     "INSERT INTO escalations (",
     escalation_cols!(),
-    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
      ON CONFLICT DO NOTHING"
 );
 pub const ESCALATION_EXISTS: &str = "SELECT 1 FROM escalations WHERE escalation_id = $1";
@@ -169,6 +169,13 @@ pub const RESOLVE_ESCALATION: &str = concat!(
 /// Exactly once: of concurrent callers, the one whose update reaches the
 /// row first changes it; the others re-check `status` after it commits
 /// and match nothing.
+/// The pending escalations, locked: those of a consumed approval's slot are
+/// withdrawn in its transaction.
+pub const PENDING_ESCALATIONS_FOR_UPDATE: &str = concat!(
+    "SELECT ",
+    escalation_cols!(),
+    " FROM escalations WHERE status = 'pending' ORDER BY ord FOR UPDATE"
+);
 pub const CONSUME_ESCALATION: &str = concat!(
     "UPDATE escalations SET status = 'consumed', consumed_at = $2 \
      WHERE target = $1 AND status = 'approved' RETURNING ",

@@ -191,8 +191,8 @@ impl Store for PgStore {
         &self,
         target: EscalationTarget,
         at: Timestamp,
-        audit: AuditFn<Option<EscalationRecord>>,
-    ) -> Result<Option<EscalationRecord>, StoreError> {
+        audit: AuditFn<Option<warden_store::ConsumedEscalation>>,
+    ) -> Result<Option<warden_store::ConsumedEscalation>, StoreError> {
         crate::context::consume_escalation(self, target, at, audit).await
     }
 

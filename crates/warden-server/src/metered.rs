@@ -13,10 +13,11 @@ use warden_core::ids::{ActionName, AgentId, RunId, StepId};
 use warden_core::memory::Put;
 use warden_core::time::Timestamp;
 use warden_store::{
-    AuditFn, CreateRun, CreateSession, Delete, DeleteOutcome, EnvelopeImport, EscalationRecord,
-    EscalationResolution, EscalationTarget, PutEnvelope, PutEscalation, PutOutcome, RecordStep,
-    ResolveEscalation, RunRecord, RunsInFlight, SessionState, SessionUpdate, StepOutcome,
-    StorageQuota, Store, StoreError, StoredAgent, TokenRecord, UpdateSession,
+    AuditFn, ConsumedEscalation, CreateRun, CreateSession, Delete, DeleteOutcome, EnvelopeImport,
+    EscalationRecord, EscalationResolution, EscalationTarget, PutEnvelope, PutEscalation,
+    PutOutcome, RecordStep, ResolveEscalation, RunRecord, RunsInFlight, SessionState,
+    SessionUpdate, StepOutcome, StorageQuota, Store, StoreError, StoredAgent, TokenRecord,
+    UpdateSession,
 };
 
 use crate::metrics::Metrics;
@@ -235,8 +236,8 @@ impl<S: Store> Store for Metered<S> {
         &self,
         target: EscalationTarget,
         at: Timestamp,
-        audit: AuditFn<Option<EscalationRecord>>,
-    ) -> Result<Option<EscalationRecord>, StoreError> {
+        audit: AuditFn<Option<ConsumedEscalation>>,
+    ) -> Result<Option<ConsumedEscalation>, StoreError> {
         self.inner
             .consume_escalation(target, at, self.counted(audit))
             .await

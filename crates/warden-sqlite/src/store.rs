@@ -579,8 +579,8 @@ impl Store for SqliteStore {
         &self,
         target: EscalationTarget,
         at: Timestamp,
-        audit: AuditFn<Option<EscalationRecord>>,
-    ) -> Result<Option<EscalationRecord>, StoreError> {
+        audit: AuditFn<Option<warden_store::ConsumedEscalation>>,
+    ) -> Result<Option<warden_store::ConsumedEscalation>, StoreError> {
         self.write(move |tx| {
             let outcome = context::consume_escalation_in(tx.conn(), &target, at)?;
             tx.append(audit(&outcome))?;

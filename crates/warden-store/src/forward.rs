@@ -332,8 +332,8 @@ macro_rules! __forward_one {
             &self,
             target: $crate::EscalationTarget,
             at: $crate::__core::time::Timestamp,
-            audit: $crate::AuditFn<Option<$crate::EscalationRecord>>,
-        ) -> Result<Option<$crate::EscalationRecord>, $crate::StoreError> {
+            audit: $crate::AuditFn<Option<$crate::ConsumedEscalation>>,
+        ) -> Result<Option<$crate::ConsumedEscalation>, $crate::StoreError> {
             $crate::__forward_call!(self, $how, consume_escalation(target, at, audit))
         }
     };

@@ -284,15 +284,20 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<ResolveEscalation, StoreError>> + Send;
 
     /// Use the approval of `target`, exactly once: the `approved`
-    /// escalation for it (if any) becomes `consumed` at `at` and is
-    /// returned; two concurrent callers never both get it. `audit` gets the
-    /// outcome (`None`: nothing was approved, nothing changed).
+    /// escalation for exactly this target (its request digest included; if
+    /// any) becomes `consumed` at `at` and is returned; two concurrent
+    /// callers never both get it. In the same transaction every `pending`
+    /// escalation of the same slot ([`EscalationTarget::same_slot`]: other
+    /// requests for that child id, run step or call, which can no longer
+    /// proceed) is withdrawn ([`ConsumedEscalation::withdraw`]) and returned
+    /// with it. `audit` gets the outcome (`None`: nothing was approved,
+    /// nothing changed).
     fn consume_escalation(
         &self,
         target: EscalationTarget,
         at: Timestamp,
-        audit: AuditFn<Option<EscalationRecord>>,
-    ) -> impl Future<Output = Result<Option<EscalationRecord>, StoreError>> + Send;
+        audit: AuditFn<Option<ConsumedEscalation>>,
+    ) -> impl Future<Output = Result<Option<ConsumedEscalation>, StoreError>> + Send;
 
     // ----- sessions -----
 

@@ -14,12 +14,13 @@ use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 
 use crate::{
-    AuditFn, CallRecord, CreateRun, CreateSession, Delete, DeleteOutcome, Entity, EnvelopeImport,
-    EscalationRecord, EscalationResolution, EscalationStatus, EscalationTarget, PutEnvelope,
-    PutEscalation, PutOutcome, RecordStep, ResolveEscalation, RunRecord, RunState, RunsInFlight,
-    SessionHead, SessionRecord, SessionState, SessionUpdate, StepOutcome, StorageQuota, Store,
-    StoreError, StoredAgent, TokenRecord, UpdateSession, Usage, check_create, decide_import,
-    decide_put, encoded_len, missing_envelope, run_finished, seq_taken, sources_unless_known,
+    AuditFn, CallRecord, ConsumedEscalation, CreateRun, CreateSession, Delete, DeleteOutcome,
+    Entity, EnvelopeImport, EscalationRecord, EscalationResolution, EscalationStatus,
+    EscalationTarget, PutEnvelope, PutEscalation, PutOutcome, RecordStep, ResolveEscalation,
+    RunRecord, RunState, RunsInFlight, SessionHead, SessionRecord, SessionState, SessionUpdate,
+    StepOutcome, StorageQuota, Store, StoreError, StoredAgent, TokenRecord, UpdateSession, Usage,
+    check_create, decide_import, decide_put, encoded_len, missing_envelope, run_finished,
+    seq_taken, sources_unless_known,
 };
 
 type RecordKey = (AgentId, Namespace, Key);
@@ -650,10 +651,10 @@ impl Store for MemoryStore {
         &self,
         target: EscalationTarget,
         at: Timestamp,
-        audit: AuditFn<Option<EscalationRecord>>,
-    ) -> Result<Option<EscalationRecord>, StoreError> {
+        audit: AuditFn<Option<ConsumedEscalation>>,
+    ) -> Result<Option<ConsumedEscalation>, StoreError> {
         let mut g = self.lock()?;
-        let outcome = g
+        let consumed = g
             .escalations
             .iter_mut()
             .find(|e| e.target == target && e.status == EscalationStatus::Approved)
@@ -662,6 +663,19 @@ impl Store for MemoryStore {
                 e.consumed_at = Some(at);
                 e.clone()
             });
+        let outcome = consumed.map(|escalation| {
+            let mut withdrawn = Vec::new();
+            for e in g.escalations.iter_mut() {
+                if e.status == EscalationStatus::Pending && e.target.same_slot(&target) {
+                    *e = ConsumedEscalation::withdraw(&escalation, e.clone(), at);
+                    withdrawn.push(e.clone());
+                }
+            }
+            ConsumedEscalation {
+                escalation,
+                withdrawn,
+            }
+        });
         let drafts = audit(&outcome);
         g.append(drafts);
         Ok(outcome)

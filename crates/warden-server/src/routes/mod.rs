@@ -590,11 +590,12 @@ routes! {
         callers: "operator, an active ancestor of the requester",
         summary: "Approve an escalation (operator, or an ancestor of the requester): the held request proceeds once",
         response: Payload::Json(wire!(ReviewResponse)),
-        outcome: "the held request proceeds once, the next time it is made (`begin`, or the same delegation)",
+        outcome: "the held request proceeds once, the next time exactly that request is made (`begin`, the same call, the same delegation: its `request_digest`); other pending requests for the same child, step or call are then withdrawn",
         errors: &[
             fail(403, "escalation_reviewer_not_authorized").note("the requester itself; recorded"),
             fail(404, "not_found").note("missing, or an agent outside the requester's lineage; recorded"),
             fail(409, "escalation_not_pending").note("recorded"),
+            fail(409, "escalation_unbound").note("stored before approvals were bound to a request: reject it; recorded"),
         ],
     }
     POST "/v1/escalations/{id}/reject" => context::reject::<S>, {
