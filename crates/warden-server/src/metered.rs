@@ -158,21 +158,34 @@ impl<S: Store> Store for Metered<S> {
         self.inner.create_run(run, limit, audit).await
     }
 
-    async fn record_step(
+    async fn record_step_as(
         &self,
         run_id: RunId,
         step_id: StepId,
         outcome: StepOutcome,
+        holder: Option<String>,
         audit: Vec<AuditDraft>,
     ) -> Result<RecordStep, StoreError> {
         let r = self
             .inner
-            .record_step(run_id, step_id, outcome, audit.clone())
+            .record_step_as(run_id, step_id, outcome, holder, audit.clone())
             .await;
         if matches!(r, Ok(RecordStep::Recorded)) {
             self.metrics.observe_drafts(&audit);
         }
         r
+    }
+
+    async fn lease_step(
+        &self,
+        run_id: RunId,
+        step_id: StepId,
+        lease: warden_store::StepLease,
+        audit: AuditFn<warden_store::LeaseStep>,
+    ) -> Result<warden_store::LeaseStep, StoreError> {
+        self.inner
+            .lease_step(run_id, step_id, lease, self.counted(audit))
+            .await
     }
 
     async fn put_envelope(

@@ -256,6 +256,7 @@ async fn a_v1_database_migrates_and_keeps_its_data() {
         )]
         .into_iter()
         .collect(),
+        leases: Default::default(),
     };
     assert_eq!(
         store.get_run(run_id.clone()).await.unwrap(),

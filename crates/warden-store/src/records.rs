@@ -256,6 +256,48 @@ pub struct RunState {
     pub run: RunRecord,
     /// Outcomes by step id.
     pub outcomes: BTreeMap<StepId, StepOutcome>,
+    /// The leases of steps begun and not recorded (see
+    /// [`Store::lease_step`](crate::Store::lease_step)), by step id, expired
+    /// ones included.
+    #[serde(default)]
+    pub leases: BTreeMap<StepId, StepLease>,
+}
+
+/// A client-executed step taken by one holder: while the lease is live, no
+/// one else may begin the step nor record its outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepLease {
+    /// Who holds it (the lease id the holder presents).
+    pub holder: String,
+    /// When it was taken (or renewed).
+    pub acquired_at: Timestamp,
+    /// When it lapses: from then on anyone may take the step over.
+    pub expires_at: Timestamp,
+}
+
+impl StepLease {
+    /// Whether the lease still holds at `now`.
+    pub fn is_live(&self, now: Timestamp) -> bool {
+        now.0 < self.expires_at.0
+    }
+
+    /// Whether `other` may take the step at `now` over this lease: it is
+    /// this lease's holder, or this lease has lapsed.
+    pub fn yields_to(&self, holder: &str, now: Timestamp) -> bool {
+        self.holder == holder || !self.is_live(now)
+    }
+}
+
+/// Outcome of [`Store::lease_step`](crate::Store::lease_step).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseStep {
+    /// The step is now leased to the caller (new, renewed, or taken over
+    /// from a lapsed lease).
+    Granted,
+    /// Another holder's live lease holds the step; nothing changed.
+    Held(StepLease),
+    /// The step's outcome is recorded; nothing changed.
+    Recorded(StepOutcome),
 }
 
 /// Outcome of [`Store::create_run`](crate::Store::create_run).
@@ -282,6 +324,8 @@ pub enum RecordStep {
     Recorded,
     /// An outcome was recorded before; here it is, unchanged.
     AlreadyRecorded(StepOutcome),
+    /// Another holder's live lease holds the step; nothing was recorded.
+    LeaseHeld(StepLease),
 }
 
 // ---------------------------------------------------------------------------

@@ -96,6 +96,11 @@ pub mod engine_reasons {
     pub const RUN_REJECTED: Reason = Reason::code("run_rejected");
     /// A step whose outcome was already recorded.
     pub const STEP_REPLAYED: Reason = Reason::code("step_replayed");
+    /// A step another worker began holds a live lease: do not run it.
+    pub const STEP_IN_PROGRESS: Reason = Reason::code("step_in_progress");
+    /// A completion by someone other than the holder of the step's live
+    /// lease: nothing recorded.
+    pub const STEP_LEASE_HELD: Reason = Reason::code("step_lease_held");
     /// An earlier step failed or was denied.
     pub const RUN_STOPPED: Reason = Reason::code("run_stopped");
     /// A step begun before the steps before it completed.

@@ -565,7 +565,10 @@ async fn an_escalated_step_proceeds_once_on_approval_and_a_rejection_stops_the_r
         json!({"kind": "step", "run_id": "wide-1", "step_id": "save",
                "request_digest": one["target"]["request_digest"]})
     );
-    assert_eq!(one["target"]["request_digest"].as_str().map(str::len), Some(64));
+    assert_eq!(
+        one["target"]["request_digest"].as_str().map(str::len),
+        Some(64)
+    );
     assert_eq!(one["request"]["run_id"], json!("wide-1"));
     assert_eq!(one["request"]["step_id"], json!("save"));
     assert_eq!(one["request"]["action"], json!("artifact.save"));

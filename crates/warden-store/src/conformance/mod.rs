@@ -76,9 +76,9 @@ use warden_core::time::Timestamp;
 
 use crate::verify::{HeadAnchor, VerifyError, verify_store};
 use crate::{
-    AuditFn, CreateRun, Delete, DeleteOutcome, Entity, PutOutcome, QuotaKind, RecordStep,
-    RunRecord, RunStep, RunsInFlight, StepOutcome, StepStatus, StorageQuota, Store, StoreError,
-    StoredAgent, TokenRecord, TokenSubject, Usage,
+    AuditFn, CreateRun, Delete, DeleteOutcome, Entity, LeaseStep, PutOutcome, QuotaKind,
+    RecordStep, RunRecord, RunStep, RunsInFlight, StepLease, StepOutcome, StepStatus, StorageQuota,
+    Store, StoreError, StoredAgent, TokenRecord, TokenSubject, Usage,
 };
 
 /// How many writers race for the same revision in [`put_race_one_winner`].
@@ -133,6 +133,7 @@ macro_rules! __conformance_tests {
             runs_create_existing_get,
             record_step_exactly_once,
             record_step_unknown,
+            step_leases,
             mixed_concurrent_writers,
             quota_max_records,
             quota_max_bytes,
@@ -219,6 +220,7 @@ where
     runs_create_existing_get(factory().await).await;
     record_step_exactly_once(factory().await).await;
     record_step_unknown(factory().await).await;
+    step_leases(factory().await).await;
     mixed_concurrent_writers(factory().await).await;
     quota_max_records(factory().await).await;
     quota_max_bytes(factory().await).await;

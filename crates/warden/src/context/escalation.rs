@@ -421,7 +421,10 @@ impl<S: Store> Engine<S> {
             .record_step(run_id.clone(), step_id.clone(), outcome, vec![draft])
             .await?
         {
-            RecordStep::Recorded | RecordStep::AlreadyRecorded(_) => Ok(()),
+            // A step held for review was never leased.
+            RecordStep::Recorded | RecordStep::AlreadyRecorded(_) | RecordStep::LeaseHeld(_) => {
+                Ok(())
+            }
         }
     }
 }

@@ -717,12 +717,20 @@ async fn escalation_approval_lets_the_step_proceed_once() {
         e.escalation(&esc).await.unwrap().status,
         EscalationStatus::Consumed
     );
-    // Exactly once: asking again before completing escalates again.
-    let second = match begin(&e, "researcher", "run-esc", "export").await {
-        StepGate::Escalated { escalation_id, .. } => escalation_id,
+    // Exactly once: asking again before completing finds the approved
+    // attempt's lease (it is running); nothing new is held or decided.
+    match begin(&e, "researcher", "run-esc", "export").await {
+        StepGate::InProgress { decision, .. } => {
+            assert_eq!(decision.reason.as_str(), "step_in_progress");
+        }
         other => panic!("{other:?}"),
-    };
-    assert_ne!(second, esc);
+    }
+    assert!(
+        e.list_escalations(Some(EscalationStatus::Pending))
+            .await
+            .unwrap()
+            .is_empty()
+    );
     // The approved attempt completes; afterwards the step only replays.
     let out = complete(&e, "researcher", "run-esc", "export", &[]).await;
     assert_eq!(out.status, StepStatus::Completed);
@@ -730,10 +738,6 @@ async fn escalation_approval_lets_the_step_proceed_once() {
         StepGate::Replay { outcome, .. } => assert_eq!(outcome, out),
         other => panic!("{other:?}"),
     }
-    // Rejecting the stale second escalation cannot undo the recorded step.
-    e.reject_escalation(&second, &Caller::Operator, "superseded")
-        .await
-        .unwrap();
     let state = e.store().get_run(rid("run-esc")).await.unwrap().unwrap();
     assert_eq!(state.outcomes[&sid("export")].status, StepStatus::Completed);
 
@@ -1010,7 +1014,8 @@ impl Store for Yielding {
     warden_store::forward_store!(field inner before { tokio::task::yield_now().await };
         load_agents, insert_agent, set_agent_status, set_agent_capabilities, insert_token,
         find_token, revoke_token, get_records, put_record, delete_record, owner_usage,
-        append_audit, audit_page, audit_head, create_run, get_run, record_step, get_envelope,
+        append_audit, audit_page, audit_head, create_run, get_run, record_step, record_step_as,
+        lease_step, get_envelope,
         put_escalation, get_escalation, list_escalations, resolve_escalation, consume_escalation,
         create_session, get_session, get_session_head, update_session, list_sessions);
 
