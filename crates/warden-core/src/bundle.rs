@@ -235,7 +235,18 @@ pub struct LimitsSpec {
     /// Deepest JSON nesting of `arguments` (default 32).
     #[serde(default)]
     pub max_nesting_depth: Option<usize>,
+    /// How long the first `begin` of a client-executed step holds it, in
+    /// milliseconds (default 300000, five minutes; 1000 to 86400000): until
+    /// then every other `begin` answers `in_progress` and only the holder
+    /// may complete it; after, anyone may take the step over.
+    #[serde(default)]
+    pub step_lease_ms: Option<u64>,
 }
+
+/// The default of `limits.step_lease_ms`: five minutes.
+pub const DEFAULT_STEP_LEASE_MS: u64 = 300_000;
+/// The bounds of `limits.step_lease_ms`: a second to a day.
+pub const STEP_LEASE_MS_RANGE: std::ops::RangeInclusive<u64> = 1_000..=86_400_000;
 
 /// An agent declared in the bundle.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -393,6 +404,9 @@ pub struct Policy {
     pub hierarchy_limits: HierarchyLimits,
     /// SOP parsing limits.
     pub sop_limits: SopLimits,
+    /// How long a client-executed step's lease lasts, in milliseconds
+    /// (`limits.step_lease_ms`).
+    pub step_lease_ms: u64,
     /// Agents to seed, validated.
     pub agents: Vec<AgentSeed>,
     /// Memory to seed, validated.
@@ -502,6 +516,17 @@ impl Policy {
             max_depth: limits.max_nesting_depth.unwrap_or(defaults.max_depth),
             ..defaults
         };
+        let step_lease_ms = limits.step_lease_ms.unwrap_or(DEFAULT_STEP_LEASE_MS);
+        if !STEP_LEASE_MS_RANGE.contains(&step_lease_ms) {
+            push(
+                "limits.step_lease_ms".into(),
+                format!(
+                    "must be between {} and {}",
+                    STEP_LEASE_MS_RANGE.start(),
+                    STEP_LEASE_MS_RANGE.end()
+                ),
+            );
+        }
 
         let sessions =
             SessionPolicy::compile(&spec.sessions.clone().unwrap_or_default(), &mut push);
@@ -632,6 +657,7 @@ impl Policy {
             non_root_forbidden,
             hierarchy_limits,
             sop_limits,
+            step_lease_ms,
             agents: spec.agents.clone(),
             memory: spec.memory.clone(),
             context,

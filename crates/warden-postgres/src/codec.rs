@@ -413,7 +413,8 @@ pub(crate) fn obligations_in(obligations: &[Obligation]) -> Result<String, Store
 /// Decodes a row of these columns, in order:
 /// `escalation_id, target, requested_by, operation, resource, reason,
 /// envelope_id, envelope_version, classification, obligations, status,
-/// created_at, resolved_by, resolved_at, rejection_reason, consumed_at`.
+/// created_at, resolved_by, resolved_at, rejection_reason, consumed_at,
+/// request`.
 pub(crate) fn escalation_out(row: &Row) -> Result<EscalationRecord, StoreError> {
     let col = crate::error::column;
     let escalation_id: String = row.try_get(0).map_err(col)?;
@@ -437,6 +438,12 @@ pub(crate) fn escalation_out(row: &Row) -> Result<EscalationRecord, StoreError> 
     let resolved_at: Option<i64> = row.try_get(13).map_err(col)?;
     let rejection_reason: Option<String> = row.try_get(14).map_err(col)?;
     let consumed_at: Option<i64> = row.try_get(15).map_err(col)?;
+    let request: Option<&str> = row.try_get(16).map_err(col)?;
+    let request: Option<serde_json::Value> = request
+        .map(serde_json::from_str)
+        .transpose()
+        .map_err(|e| corrupt(format!("its request is invalid: {e}")))
+        .map_err(at)?;
     let obligations: Vec<Obligation> = serde_json::from_str(obligations)
         .map_err(|e| corrupt(format!("its obligations are invalid: {e}")))
         .map_err(at)?;
@@ -453,6 +460,7 @@ pub(crate) fn escalation_out(row: &Row) -> Result<EscalationRecord, StoreError> 
             .map_err(at)?,
         classification: sensitivity_out(classification).map_err(at)?,
         obligations,
+        request,
         status: escalation_status_out(status).map_err(at)?,
         created_at: Timestamp(created_at),
         resolved_by: resolved_by.map(subject_out).transpose().map_err(at)?,

@@ -4,8 +4,8 @@ use warden_core::decision::Subject;
 use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::time::Timestamp;
 use warden_store::{
-    AuditFn, Entity, EscalationRecord, EscalationResolution, EscalationStatus, EscalationTarget,
-    PutEnvelope, PutEscalation, ResolveEscalation, StoreError,
+    AuditFn, ConsumedEscalation, Entity, EscalationRecord, EscalationResolution, EscalationStatus,
+    EscalationTarget, PutEnvelope, PutEscalation, ResolveEscalation, StoreError,
 };
 
 use crate::codec::{self, text_in, u64_in, u64_out};
@@ -114,6 +114,10 @@ pub(crate) async fn put_escalation(
         .as_deref()
         .map(|r| text_in(r).into_owned());
     let consumed_at = e.consumed_at.map(|t| t.0);
+    let request = e
+        .request
+        .as_ref()
+        .map(|r| String::from_utf8_lossy(&warden_core::canonical::to_canonical(r)).into_owned());
     let mut conn = store.inner.pool.get().await?;
     for _ in 0..PUT_ATTEMPTS {
         let mut tx = conn.begin().await?;
@@ -137,6 +141,7 @@ pub(crate) async fn put_escalation(
                     &resolved_at,
                     &rejection_reason,
                     &consumed_at,
+                    &request,
                 ],
             )
             .await?;
@@ -237,19 +242,61 @@ pub(crate) async fn consume_escalation(
     store: &PgStore,
     target: EscalationTarget,
     at: Timestamp,
-    audit: AuditFn<Option<EscalationRecord>>,
-) -> Result<Option<EscalationRecord>, StoreError> {
-    let target = codec::target_in(&target)?;
+    audit: AuditFn<Option<ConsumedEscalation>>,
+) -> Result<Option<ConsumedEscalation>, StoreError> {
+    let key = codec::target_in(&target)?;
     let mut conn = store.inner.pool.get().await?;
     let mut tx = conn.begin().await?;
     // At most one approved escalation per target (the partial unique
     // index), and one conditional update: two concurrent consumers
     // never both get it.
-    let outcome = tx
-        .query_opt(sql::CONSUME_ESCALATION, &[&target, &at.0])
+    let consumed = tx
+        .query_opt(sql::CONSUME_ESCALATION, &[&key, &at.0])
         .await?
         .map(|row| codec::escalation_out(&row))
         .transpose()?;
+    let outcome = match consumed {
+        None => None,
+        Some(escalation) => {
+            // The other requests of the slot can no longer proceed:
+            // withdrawn in this transaction.
+            let mut withdrawn = Vec::new();
+            let pending = tx
+                .query(sql::PENDING_ESCALATIONS_FOR_UPDATE, &[])
+                .await?
+                .iter()
+                .map(codec::escalation_out)
+                .collect::<Result<Vec<_>, _>>()?;
+            for p in pending {
+                if !p.target.same_slot(&target) {
+                    continue;
+                }
+                let w = ConsumedEscalation::withdraw(&escalation, p, at);
+                let by = w.resolved_by.as_ref().map(Subject::to_string);
+                let reason = w.rejection_reason.clone();
+                if tx
+                    .query_opt(
+                        sql::RESOLVE_ESCALATION,
+                        &[
+                            &w.escalation_id,
+                            &EscalationStatus::Rejected.as_str(),
+                            &by,
+                            &at.0,
+                            &reason,
+                        ],
+                    )
+                    .await?
+                    .is_some()
+                {
+                    withdrawn.push(w);
+                }
+            }
+            Some(ConsumedEscalation {
+                escalation,
+                withdrawn,
+            })
+        }
+    };
     let drafts = audit(&outcome);
     tx.finish(drafts, None, &store.inner.channel).await?;
     Ok(outcome)

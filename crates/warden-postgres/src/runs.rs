@@ -5,8 +5,8 @@ use warden_core::envelope::EnvelopeId;
 use warden_core::ids::{RunId, StepId};
 use warden_core::time::Timestamp;
 use warden_store::{
-    AuditFn, CreateRun, Entity, RecordStep, RunRecord, RunState, RunStep, RunsInFlight,
-    StepOutcome, StoreError,
+    AuditFn, CreateRun, Entity, LeaseStep, RecordStep, RunRecord, RunState, RunStep, RunsInFlight,
+    StepLease, StepOutcome, StoreError,
 };
 
 use crate::codec::{self, json_in, text_in};
@@ -33,6 +33,7 @@ pub(crate) fn run_out(
     let envelope: Option<&str> = first.try_get(13).map_err(col)?;
     let mut steps = Vec::with_capacity(rows.len());
     let mut outcomes = std::collections::BTreeMap::new();
+    let mut leases = std::collections::BTreeMap::new();
     for row in rows {
         let step_id: Option<&str> = row.try_get(5).map_err(col)?;
         let Some(step_id) = step_id else {
@@ -43,6 +44,9 @@ pub(crate) fn run_out(
         let operation_id: String = row.try_get(7).map_err(col)?;
         if let Some(outcome) = codec::outcome_out(row, 8)? {
             outcomes.insert(step_id.clone(), outcome);
+        }
+        if let Some(lease) = lease_out(row, 14)? {
+            leases.insert(step_id.clone(), lease);
         }
         steps.push(RunStep {
             step_id,
@@ -62,7 +66,74 @@ pub(crate) fn run_out(
             envelope_id: envelope.map(codec::envelope_id).transpose()?,
         },
         outcomes,
+        leases,
     }))
+}
+
+/// A step's lease from the columns `lease_holder, lease_acquired_at,
+/// lease_expires_at` starting at `at`.
+fn lease_out(row: &tokio_postgres::Row, at: usize) -> Result<Option<StepLease>, StoreError> {
+    let col = crate::error::column;
+    let holder: Option<String> = row.try_get(at).map_err(col)?;
+    let acquired: Option<i64> = row.try_get(at + 1).map_err(col)?;
+    let expires: Option<i64> = row.try_get(at + 2).map_err(col)?;
+    match (holder, acquired, expires) {
+        (None, None, None) => Ok(None),
+        (Some(holder), Some(acquired), Some(expires)) => Ok(Some(StepLease {
+            holder: codec::text_out(holder)?,
+            acquired_at: Timestamp(acquired),
+            expires_at: Timestamp(expires),
+        })),
+        _ => Err(codec::corrupt("a step's lease is partly set")),
+    }
+}
+
+pub(crate) async fn lease_step(
+    store: &PgStore,
+    run_id: RunId,
+    step_id: StepId,
+    lease: StepLease,
+    audit: AuditFn<LeaseStep>,
+) -> Result<LeaseStep, StoreError> {
+    let (run, step) = (run_id.as_str(), step_id.as_str());
+    let holder = text_in(&lease.holder).into_owned();
+    let mut conn = store.inner.pool.get().await?;
+    let mut tx = conn.begin().await?;
+    let updated = tx
+        .execute(
+            sql::LEASE_STEP,
+            &[
+                &run,
+                &step,
+                &holder,
+                &lease.acquired_at.0,
+                &lease.expires_at.0,
+            ],
+        )
+        .await?;
+    let outcome = if updated == 1 {
+        LeaseStep::Granted
+    } else {
+        let Some(row) = tx.query_opt(sql::STEP_OUTCOME, &[&run, &step]).await? else {
+            return Err(if tx.query_opt(sql::RUN_EXISTS, &[&run]).await?.is_none() {
+                not_found(Entity::Run, &run_id)
+            } else {
+                not_found(Entity::Step, format!("{run_id}/{step_id}"))
+            });
+        };
+        match (codec::outcome_out(&row, 0)?, lease_out(&row, 5)?) {
+            (Some(recorded), _) => LeaseStep::Recorded(recorded),
+            (None, Some(held)) => LeaseStep::Held(held),
+            (None, None) => {
+                return Err(StoreError::backend(format!(
+                    "step `{run_id}/{step_id}` could not be leased"
+                )));
+            }
+        }
+    };
+    let drafts = audit(&outcome);
+    tx.finish(drafts, None, &store.inner.channel).await?;
+    Ok(outcome)
 }
 
 pub(crate) async fn create_run(
@@ -177,8 +248,10 @@ pub(crate) async fn record_step(
     run_id: RunId,
     step_id: StepId,
     outcome: StepOutcome,
+    holder: Option<String>,
     audit: Vec<AuditDraft>,
 ) -> Result<RecordStep, StoreError> {
+    let holder = holder.map(|h| text_in(&h).into_owned());
     let result = outcome.result.as_ref().map(json_in).transpose()?;
     let error = outcome.error.as_deref().map(|e| text_in(e).into_owned());
     let labels: Vec<&str> = outcome.labels.iter().map(|l| l.as_str()).collect();
@@ -201,6 +274,7 @@ pub(crate) async fn record_step(
                 &error,
                 &labels,
                 &outcome.recorded_at.0,
+                &holder,
             ],
         )
         .await?;
@@ -217,9 +291,10 @@ pub(crate) async fn record_step(
             not_found(Entity::Step, format!("{run_id}/{step_id}"))
         });
     };
-    match codec::outcome_out(&row, 0)? {
-        Some(first) => Ok(RecordStep::AlreadyRecorded(first)),
-        None => Err(StoreError::backend(format!(
+    match (codec::outcome_out(&row, 0)?, lease_out(&row, 5)?) {
+        (Some(first), _) => Ok(RecordStep::AlreadyRecorded(first)),
+        (None, Some(held)) => Ok(RecordStep::LeaseHeld(held)),
+        (None, None) => Err(StoreError::backend(format!(
             "step `{run_id}/{step_id}` could not be recorded"
         ))),
     }

@@ -15,7 +15,7 @@ use warden_store::StoreError;
 use crate::error::DbResult;
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// Every migration, in order: `(version it produces, SQL)`.
 ///
@@ -26,12 +26,15 @@ pub const SCHEMA_VERSION: i64 = 5;
 /// - 4: tool-call sessions (`sessions`, `session_calls`) and the envelope
 ///   imports they were opened from (`envelope_imports`).
 /// - 5: a call's `seq` unique within its session.
+/// - 6: the request an escalation holds (`escalations.request`) and step
+///   leases (`run_steps.lease_holder`, `lease_expires_at`).
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("migrations/0001_initial.sql")),
     (2, include_str!("migrations/0002_context.sql")),
     (3, include_str!("migrations/0003_runs_in_flight.sql")),
     (4, include_str!("migrations/0004_sessions.sql")),
     (5, include_str!("migrations/0005_call_seq_unique.sql")),
+    (6, include_str!("migrations/0006_bound_requests.sql")),
 ];
 
 /// First key of the migration advisory lock ("Ward").

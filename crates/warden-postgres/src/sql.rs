@@ -103,14 +103,27 @@ pub const INSERT_STEPS: &str = "INSERT INTO run_steps (run_id, ord, step_id, act
        AS s (ord, step_id, action, operation_id)";
 pub const GET_RUN: &str = "SELECT r.agent, r.sop_hash, r.sop, r.policy_version, r.created_at, \
      s.step_id, s.action, s.operation_id, s.status, s.result, s.error, s.labels, s.recorded_at, \
-     r.envelope_id \
+     r.envelope_id, s.lease_holder, s.lease_acquired_at, s.lease_expires_at \
      FROM runs r LEFT JOIN run_steps s ON s.run_id = r.run_id \
      WHERE r.run_id = $1 ORDER BY s.ord";
+/// Exactly once, and only by the holder of a live lease (`$8`; none when
+/// no lease is live at `$7`).
 pub const RECORD_STEP: &str = "UPDATE run_steps \
-     SET status = $3, result = $4, error = $5, labels = $6, recorded_at = $7 \
-     WHERE run_id = $1 AND step_id = $2 AND status IS NULL";
-pub const STEP_OUTCOME: &str = "SELECT status, result, error, labels, recorded_at \
+     SET status = $3, result = $4, error = $5, labels = $6, recorded_at = $7, \
+       lease_holder = NULL, lease_acquired_at = NULL, lease_expires_at = NULL \
+     WHERE run_id = $1 AND step_id = $2 AND status IS NULL \
+       AND (lease_holder IS NULL OR lease_expires_at <= $7 OR lease_holder = $8::text)";
+pub const STEP_OUTCOME: &str = "SELECT status, result, error, labels, recorded_at, \
+     lease_holder, lease_acquired_at, lease_expires_at \
      FROM run_steps WHERE run_id = $1 AND step_id = $2";
+/// The compare-and-set of a step's lease: granted to `$3` at `$4` until
+/// `$5` when the step has no outcome and no lease, its own, or a lapsed
+/// one. Concurrent updates of the row serialise on its lock and re-check
+/// the condition, so exactly one holder wins.
+pub const LEASE_STEP: &str = "UPDATE run_steps \
+     SET lease_holder = $3, lease_acquired_at = $4, lease_expires_at = $5 \
+     WHERE run_id = $1 AND step_id = $2 AND status IS NULL \
+       AND (lease_holder IS NULL OR lease_holder = $3 OR lease_expires_at <= $4)";
 pub const RUN_EXISTS: &str = "SELECT 1 FROM runs WHERE run_id = $1";
 
 /// Create an envelope: zero rows means it exists.
@@ -133,7 +146,7 @@ macro_rules! escalation_cols {
     () => {
         "escalation_id, target, requested_by, operation, resource, reason, envelope_id, \
          envelope_version, classification, obligations, status, created_at, resolved_by, \
-         resolved_at, rejection_reason, consumed_at"
+         resolved_at, rejection_reason, consumed_at, request"
     };
 }
 /// Zero rows: the id exists, or an open escalation holds the target
@@ -141,7 +154,7 @@ macro_rules! escalation_cols {
 pub const INSERT_ESCALATION: &str = concat!(
     "INSERT INTO escalations (",
     escalation_cols!(),
-    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
      ON CONFLICT DO NOTHING"
 );
 pub const ESCALATION_EXISTS: &str = "SELECT 1 FROM escalations WHERE escalation_id = $1";
@@ -169,6 +182,13 @@ pub const RESOLVE_ESCALATION: &str = concat!(
 /// Exactly once: of concurrent callers, the one whose update reaches the
 /// row first changes it; the others re-check `status` after it commits
 /// and match nothing.
+/// The pending escalations, locked: those of a consumed approval's slot are
+/// withdrawn in its transaction.
+pub const PENDING_ESCALATIONS_FOR_UPDATE: &str = concat!(
+    "SELECT ",
+    escalation_cols!(),
+    " FROM escalations WHERE status = 'pending' ORDER BY ord FOR UPDATE"
+);
 pub const CONSUME_ESCALATION: &str = concat!(
     "UPDATE escalations SET status = 'consumed', consumed_at = $2 \
      WHERE target = $1 AND status = 'approved' RETURNING ",

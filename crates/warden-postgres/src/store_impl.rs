@@ -127,14 +127,25 @@ impl Store for PgStore {
         crate::runs::get_run(self, run_id).await
     }
 
-    async fn record_step(
+    async fn record_step_as(
         &self,
         run_id: RunId,
         step_id: StepId,
         outcome: StepOutcome,
+        holder: Option<String>,
         audit: Vec<AuditDraft>,
     ) -> Result<RecordStep, StoreError> {
-        crate::runs::record_step(self, run_id, step_id, outcome, audit).await
+        crate::runs::record_step(self, run_id, step_id, outcome, holder, audit).await
+    }
+
+    async fn lease_step(
+        &self,
+        run_id: RunId,
+        step_id: StepId,
+        lease: warden_store::StepLease,
+        audit: AuditFn<warden_store::LeaseStep>,
+    ) -> Result<warden_store::LeaseStep, StoreError> {
+        crate::runs::lease_step(self, run_id, step_id, lease, audit).await
     }
 
     async fn put_envelope(
@@ -191,8 +202,8 @@ impl Store for PgStore {
         &self,
         target: EscalationTarget,
         at: Timestamp,
-        audit: AuditFn<Option<EscalationRecord>>,
-    ) -> Result<Option<EscalationRecord>, StoreError> {
+        audit: AuditFn<Option<warden_store::ConsumedEscalation>>,
+    ) -> Result<Option<warden_store::ConsumedEscalation>, StoreError> {
         crate::context::consume_escalation(self, target, at, audit).await
     }
 

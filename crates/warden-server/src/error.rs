@@ -291,6 +291,7 @@ impl From<EngineError> for ApiError {
                     ConflictKind::CallId => "call_conflict",
                     ConflictKind::CallNotAllowed => "call_not_allowed",
                     ConflictKind::CallResult => "call_result_conflict",
+                    ConflictKind::StepInProgress => "step_lease_held",
                     _ => "session_contention",
                 };
                 let message = EngineError::Conflict { kind, id }.to_string();

@@ -13,10 +13,11 @@ use warden_core::ids::{ActionName, AgentId, RunId, StepId};
 use warden_core::memory::Put;
 use warden_core::time::Timestamp;
 use warden_store::{
-    AuditFn, CreateRun, CreateSession, Delete, DeleteOutcome, EnvelopeImport, EscalationRecord,
-    EscalationResolution, EscalationTarget, PutEnvelope, PutEscalation, PutOutcome, RecordStep,
-    ResolveEscalation, RunRecord, RunsInFlight, SessionState, SessionUpdate, StepOutcome,
-    StorageQuota, Store, StoreError, StoredAgent, TokenRecord, UpdateSession,
+    AuditFn, ConsumedEscalation, CreateRun, CreateSession, Delete, DeleteOutcome, EnvelopeImport,
+    EscalationRecord, EscalationResolution, EscalationTarget, PutEnvelope, PutEscalation,
+    PutOutcome, RecordStep, ResolveEscalation, RunRecord, RunsInFlight, SessionState,
+    SessionUpdate, StepOutcome, StorageQuota, Store, StoreError, StoredAgent, TokenRecord,
+    UpdateSession,
 };
 
 use crate::metrics::Metrics;
@@ -157,21 +158,34 @@ impl<S: Store> Store for Metered<S> {
         self.inner.create_run(run, limit, audit).await
     }
 
-    async fn record_step(
+    async fn record_step_as(
         &self,
         run_id: RunId,
         step_id: StepId,
         outcome: StepOutcome,
+        holder: Option<String>,
         audit: Vec<AuditDraft>,
     ) -> Result<RecordStep, StoreError> {
         let r = self
             .inner
-            .record_step(run_id, step_id, outcome, audit.clone())
+            .record_step_as(run_id, step_id, outcome, holder, audit.clone())
             .await;
         if matches!(r, Ok(RecordStep::Recorded)) {
             self.metrics.observe_drafts(&audit);
         }
         r
+    }
+
+    async fn lease_step(
+        &self,
+        run_id: RunId,
+        step_id: StepId,
+        lease: warden_store::StepLease,
+        audit: AuditFn<warden_store::LeaseStep>,
+    ) -> Result<warden_store::LeaseStep, StoreError> {
+        self.inner
+            .lease_step(run_id, step_id, lease, self.counted(audit))
+            .await
     }
 
     async fn put_envelope(
@@ -235,8 +249,8 @@ impl<S: Store> Store for Metered<S> {
         &self,
         target: EscalationTarget,
         at: Timestamp,
-        audit: AuditFn<Option<EscalationRecord>>,
-    ) -> Result<Option<EscalationRecord>, StoreError> {
+        audit: AuditFn<Option<ConsumedEscalation>>,
+    ) -> Result<Option<ConsumedEscalation>, StoreError> {
         self.inner
             .consume_escalation(target, at, self.counted(audit))
             .await

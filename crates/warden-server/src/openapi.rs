@@ -865,6 +865,8 @@ mod list_tests {
                 action: None,
                 arguments: None,
                 outcome: None,
+                lease_id: None,
+                lease_expires_at: None,
             },
         );
         check_written(

@@ -356,8 +356,28 @@ pub(crate) fn step_status_to_sql(s: StepStatus) -> &'static str {
 }
 
 /// Columns [`step_from_row`] reads, in order.
-pub(crate) const STEP_COLUMNS: &str =
-    "step_id, action, operation_id, status, result, error, labels, recorded_at";
+pub(crate) const STEP_COLUMNS: &str = "step_id, action, operation_id, status, result, error, \
+     labels, recorded_at, lease_holder, lease_acquired_at, lease_expires_at";
+
+/// A step's lease from the columns `lease_holder, lease_acquired_at,
+/// lease_expires_at` of [`STEP_COLUMNS`].
+pub(crate) fn lease_from_row(
+    row: &Row<'_>,
+    what: &str,
+) -> Result<Option<warden_store::StepLease>, StoreError> {
+    let holder: Option<String> = col(row, 8, &what)?;
+    let acquired: Option<i64> = col(row, 9, &what)?;
+    let expires: Option<i64> = col(row, 10, &what)?;
+    match (holder, acquired, expires) {
+        (None, None, None) => Ok(None),
+        (Some(holder), Some(acquired), Some(expires)) => Ok(Some(warden_store::StepLease {
+            holder,
+            acquired_at: Timestamp(acquired),
+            expires_at: Timestamp(expires),
+        })),
+        _ => Err(corrupt(what, "its lease is partly set")),
+    }
+}
 
 /// A planned step and its outcome, if recorded.
 pub(crate) fn step_from_row(

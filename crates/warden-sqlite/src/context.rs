@@ -14,8 +14,8 @@ use warden_core::decision::Subject;
 use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::time::Timestamp;
 use warden_store::{
-    Entity, EscalationRecord, EscalationResolution, EscalationStatus, EscalationTarget,
-    PutEnvelope, PutEscalation, ResolveEscalation, StoreError,
+    ConsumedEscalation, Entity, EscalationRecord, EscalationResolution, EscalationStatus,
+    EscalationTarget, PutEnvelope, PutEscalation, ResolveEscalation, StoreError,
 };
 
 use crate::codec::{self, canonical_text};
@@ -300,18 +300,33 @@ pub(crate) fn resolve_escalation_in(
     }
 }
 
-/// Consume the approved escalation for `target`, exactly once.
+/// Consume the approved escalation for `target`, exactly once, and
+/// withdraw the pending ones of its slot.
 pub(crate) fn consume_escalation_in(
     conn: &Connection,
     target: &EscalationTarget,
     at: Timestamp,
-) -> Result<Option<EscalationRecord>, StoreError> {
-    let target = canonical_text(target)?;
-    let Some(mut e) = select_escalation(conn, "target = ?1 AND status = 'approved'", &target)?
-    else {
+) -> Result<Option<ConsumedEscalation>, StoreError> {
+    let text = canonical_text(target)?;
+    let Some(mut e) = select_escalation(conn, "target = ?1 AND status = 'approved'", &text)? else {
         return Ok(None);
     };
     e.status = EscalationStatus::Consumed;
     e.consumed_at = Some(at);
-    Ok(advance(conn, &e, EscalationStatus::Approved)?.then_some(e))
+    if !advance(conn, &e, EscalationStatus::Approved)? {
+        return Ok(None);
+    }
+    let mut withdrawn = Vec::new();
+    for pending in list_escalations_in(conn, Some(EscalationStatus::Pending))? {
+        if pending.target.same_slot(target) {
+            let w = ConsumedEscalation::withdraw(&e, pending, at);
+            if advance(conn, &w, EscalationStatus::Pending)? {
+                withdrawn.push(w);
+            }
+        }
+    }
+    Ok(Some(ConsumedEscalation {
+        escalation: e,
+        withdrawn,
+    }))
 }

@@ -256,6 +256,7 @@ async fn a_v1_database_migrates_and_keeps_its_data() {
         )]
         .into_iter()
         .collect(),
+        leases: Default::default(),
     };
     assert_eq!(
         store.get_run(run_id.clone()).await.unwrap(),
@@ -286,6 +287,7 @@ async fn a_v1_database_migrates_and_keeps_its_data() {
     let target = EscalationTarget::Step {
         run_id: run_id.clone(),
         step_id: StepId::parse("b").unwrap(),
+        request_digest: None,
     };
     let escalation = EscalationRecord {
         escalation_id: "esc-1".into(),
@@ -298,6 +300,7 @@ async fn a_v1_database_migrates_and_keeps_its_data() {
         envelope_version: Some(0),
         classification: Sensitivity::Internal,
         obligations: Vec::new(),
+        request: None,
         status: EscalationStatus::Pending,
         created_at: Timestamp(9),
         resolved_by: None,

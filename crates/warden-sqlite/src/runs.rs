@@ -8,8 +8,8 @@ use warden_core::audit::AuditDraft;
 use warden_core::ids::{AgentId, RunId, StepId};
 use warden_core::time::Timestamp;
 use warden_store::{
-    AuditFn, CreateRun, Entity, RecordStep, RunRecord, RunState, RunsInFlight, StepOutcome,
-    StoreError,
+    AuditFn, CreateRun, Entity, LeaseStep, RecordStep, RunRecord, RunState, RunsInFlight,
+    StepLease, StepOutcome, StoreError,
 };
 
 use crate::codec::{self};
@@ -42,6 +42,7 @@ pub(crate) fn load_run(conn: &Connection, run_id: &RunId) -> Result<Option<RunSt
     };
     drop(rows);
     let mut outcomes = BTreeMap::new();
+    let mut leases = BTreeMap::new();
     let mut stmt = conn
         .prepare_cached(&format!(
             "SELECT {} FROM run_steps WHERE run_id = ?1 ORDER BY position",
@@ -54,9 +55,17 @@ pub(crate) fn load_run(conn: &Connection, run_id: &RunId) -> Result<Option<RunSt
         if let Some(outcome) = outcome {
             outcomes.insert(step.step_id.clone(), outcome);
         }
+        let what = format!("step `{run_id}/{}`", step.step_id);
+        if let Some(lease) = codec::lease_from_row(row, &what)? {
+            leases.insert(step.step_id.clone(), lease);
+        }
         run.steps.push(step);
     }
-    Ok(Some(RunState { run, outcomes }))
+    Ok(Some(RunState {
+        run,
+        outcomes,
+        leases,
+    }))
 }
 
 pub(crate) fn create_run_in(
@@ -134,14 +143,19 @@ pub(crate) fn record_step_in(
     run_id: RunId,
     step_id: StepId,
     outcome: StepOutcome,
+    holder: Option<String>,
     audit: Vec<AuditDraft>,
 ) -> Result<RecordStep, StoreError> {
     let conn = tx.conn();
-    // Exactly once: the outcome is set only while none is recorded.
+    // Exactly once: the outcome is set only while none is recorded, and
+    // only by the holder of a lease still live (anyone when none is).
     let changed = conn
         .prepare_cached(
             "UPDATE run_steps SET status = ?3, result = ?4, error = ?5, labels = ?6, \
-             recorded_at = ?7 WHERE run_id = ?1 AND step_id = ?2 AND status IS NULL",
+             recorded_at = ?7, lease_holder = NULL, lease_acquired_at = NULL, \
+             lease_expires_at = NULL \
+             WHERE run_id = ?1 AND step_id = ?2 AND status IS NULL \
+             AND (lease_holder IS NULL OR lease_expires_at <= ?7 OR lease_holder = ?8)",
         )
         .store()?
         .execute(params![
@@ -152,6 +166,7 @@ pub(crate) fn record_step_in(
             outcome.error,
             codec::json_text(&outcome.labels)?,
             outcome.recorded_at.0,
+            holder,
         ])
         .store()?;
     if changed == 1 {
@@ -175,11 +190,58 @@ pub(crate) fn record_step_in(
     let Some(state) = load_run(conn, &run_id)? else {
         return Err(StoreError::not_found(Entity::Run, &run_id));
     };
-    match state.outcomes.get(&step_id) {
-        Some(first) => Ok(RecordStep::AlreadyRecorded(first.clone())),
-        None => Err(StoreError::not_found(
+    match (state.outcomes.get(&step_id), state.leases.get(&step_id)) {
+        (Some(first), _) => Ok(RecordStep::AlreadyRecorded(first.clone())),
+        (None, Some(held)) => Ok(RecordStep::LeaseHeld(held.clone())),
+        (None, None) => Err(StoreError::not_found(
             Entity::Step,
             format!("{run_id}/{step_id}"),
         )),
     }
+}
+
+/// The compare-and-set of a step's lease (see `Store::lease_step`).
+pub(crate) fn lease_step_in(
+    tx: &mut Tx<'_>,
+    run_id: RunId,
+    step_id: StepId,
+    lease: StepLease,
+    audit: AuditFn<LeaseStep>,
+) -> Result<LeaseStep, StoreError> {
+    let conn = tx.conn();
+    let changed = conn
+        .prepare_cached(
+            "UPDATE run_steps SET lease_holder = ?3, lease_acquired_at = ?4, \
+             lease_expires_at = ?5 \
+             WHERE run_id = ?1 AND step_id = ?2 AND status IS NULL \
+             AND (lease_holder IS NULL OR lease_holder = ?3 OR lease_expires_at <= ?4)",
+        )
+        .store()?
+        .execute(params![
+            run_id.as_str(),
+            step_id.as_str(),
+            lease.holder,
+            lease.acquired_at.0,
+            lease.expires_at.0,
+        ])
+        .store()?;
+    let outcome = if changed == 1 {
+        LeaseStep::Granted
+    } else {
+        let Some(state) = load_run(conn, &run_id)? else {
+            return Err(StoreError::not_found(Entity::Run, &run_id));
+        };
+        match (state.outcomes.get(&step_id), state.leases.get(&step_id)) {
+            (Some(recorded), _) => LeaseStep::Recorded(recorded.clone()),
+            (None, Some(held)) => LeaseStep::Held(held.clone()),
+            (None, None) => {
+                return Err(StoreError::not_found(
+                    Entity::Step,
+                    format!("{run_id}/{step_id}"),
+                ));
+            }
+        }
+    };
+    tx.append(audit(&outcome))?;
+    Ok(outcome)
 }

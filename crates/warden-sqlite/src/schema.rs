@@ -19,7 +19,7 @@ use crate::lock::WriterLock;
 use crate::options::{OpenMode, SqliteOptions};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// `PRAGMA application_id` of a Warden database: ASCII `WRDN`. It marks the
 /// file as Warden's before any table is read (`file(1)` shows it too).
@@ -30,7 +30,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
 /// Each runs in the transaction that records its version; append only.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
 
 const V1: &str = r#"
 CREATE TABLE meta (
@@ -278,6 +278,17 @@ BEGIN SELECT RAISE(ABORT, 'envelope imports are kept as noted'); END;
 const V5: &str = r#"
 DROP INDEX session_calls_by_seq;
 CREATE UNIQUE INDEX session_calls_by_seq ON session_calls (session_id, seq);
+"#;
+
+/// Version 6: a client-executed step that has begun and not completed is
+/// leased to one holder from `lease_acquired_at` until `lease_expires_at`
+/// (ms since the epoch); all three are set or none is (the record step
+/// and lease writes keep that). Escalations keep their request in the
+/// `record` JSON, so they need no change.
+const V6: &str = r#"
+ALTER TABLE run_steps ADD COLUMN lease_holder TEXT;
+ALTER TABLE run_steps ADD COLUMN lease_acquired_at INTEGER;
+ALTER TABLE run_steps ADD COLUMN lease_expires_at INTEGER;
 "#;
 
 /// What a file holds, found by reading only.

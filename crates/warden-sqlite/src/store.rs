@@ -504,14 +504,26 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn record_step(
+    async fn record_step_as(
         &self,
         run_id: RunId,
         step_id: StepId,
         outcome: StepOutcome,
+        holder: Option<String>,
         audit: Vec<AuditDraft>,
     ) -> Result<RecordStep, StoreError> {
-        self.write(move |tx| record_step_in(tx, run_id, step_id, outcome, audit))
+        self.write(move |tx| record_step_in(tx, run_id, step_id, outcome, holder, audit))
+            .await
+    }
+
+    async fn lease_step(
+        &self,
+        run_id: RunId,
+        step_id: StepId,
+        lease: warden_store::StepLease,
+        audit: AuditFn<warden_store::LeaseStep>,
+    ) -> Result<warden_store::LeaseStep, StoreError> {
+        self.write(move |tx| crate::runs::lease_step_in(tx, run_id, step_id, lease, audit))
             .await
     }
 
@@ -586,8 +598,8 @@ impl Store for SqliteStore {
         &self,
         target: EscalationTarget,
         at: Timestamp,
-        audit: AuditFn<Option<EscalationRecord>>,
-    ) -> Result<Option<EscalationRecord>, StoreError> {
+        audit: AuditFn<Option<warden_store::ConsumedEscalation>>,
+    ) -> Result<Option<warden_store::ConsumedEscalation>, StoreError> {
         self.write(move |tx| {
             let outcome = context::consume_escalation_in(tx.conn(), &target, at)?;
             tx.append(audit(&outcome))?;

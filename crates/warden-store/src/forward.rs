@@ -52,6 +52,8 @@ macro_rules! forward_store {
                 create_run,
                 get_run,
                 record_step,
+                record_step_as,
+                lease_step,
                 put_envelope,
                 get_envelope,
                 put_escalation,
@@ -86,6 +88,8 @@ macro_rules! forward_store {
                 create_run,
                 get_run,
                 record_step,
+                record_step_as,
+                lease_step,
                 put_envelope,
                 get_envelope,
                 put_escalation,
@@ -267,6 +271,33 @@ macro_rules! __forward_one {
             $crate::__forward_call!(self, $how, record_step(run_id, step_id, outcome, audit))
         }
     };
+    (record_step_as, $how:tt) => {
+        async fn record_step_as(
+            &self,
+            run_id: $crate::__core::ids::RunId,
+            step_id: $crate::__core::ids::StepId,
+            outcome: $crate::StepOutcome,
+            holder: Option<String>,
+            audit: Vec<$crate::__core::audit::AuditDraft>,
+        ) -> Result<$crate::RecordStep, $crate::StoreError> {
+            $crate::__forward_call!(
+                self,
+                $how,
+                record_step_as(run_id, step_id, outcome, holder, audit)
+            )
+        }
+    };
+    (lease_step, $how:tt) => {
+        async fn lease_step(
+            &self,
+            run_id: $crate::__core::ids::RunId,
+            step_id: $crate::__core::ids::StepId,
+            lease: $crate::StepLease,
+            audit: $crate::AuditFn<$crate::LeaseStep>,
+        ) -> Result<$crate::LeaseStep, $crate::StoreError> {
+            $crate::__forward_call!(self, $how, lease_step(run_id, step_id, lease, audit))
+        }
+    };
     (put_envelope, $how:tt) => {
         async fn put_envelope(
             &self,
@@ -332,8 +363,8 @@ macro_rules! __forward_one {
             &self,
             target: $crate::EscalationTarget,
             at: $crate::__core::time::Timestamp,
-            audit: $crate::AuditFn<Option<$crate::EscalationRecord>>,
-        ) -> Result<Option<$crate::EscalationRecord>, $crate::StoreError> {
+            audit: $crate::AuditFn<Option<$crate::ConsumedEscalation>>,
+        ) -> Result<Option<$crate::ConsumedEscalation>, $crate::StoreError> {
             $crate::__forward_call!(self, $how, consume_escalation(target, at, audit))
         }
     };

@@ -212,14 +212,48 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<RunState>, StoreError>> + Send;
 
     /// Record a step's outcome exactly once: a second call returns the first
-    /// outcome and appends nothing.
+    /// outcome and appends nothing. [`Store::record_step_as`] without a
+    /// holder: refused while anyone's lease holds the step.
     fn record_step(
         &self,
         run_id: RunId,
         step_id: StepId,
         outcome: StepOutcome,
         audit: Vec<AuditDraft>,
+    ) -> impl Future<Output = Result<RecordStep, StoreError>> + Send {
+        self.record_step_as(run_id, step_id, outcome, None, audit)
+    }
+
+    /// Record a step's outcome exactly once, as `holder`: while a lease
+    /// live at `outcome.recorded_at` holds the step for another holder (or
+    /// for anyone, when `holder` is `None`) the outcome is
+    /// [`RecordStep::LeaseHeld`] and nothing is stored or appended; a
+    /// second record returns the first outcome and appends nothing.
+    /// Decided in one transaction (compare-and-set on the step's row).
+    fn record_step_as(
+        &self,
+        run_id: RunId,
+        step_id: StepId,
+        outcome: StepOutcome,
+        holder: Option<String>,
+        audit: Vec<AuditDraft>,
     ) -> impl Future<Output = Result<RecordStep, StoreError>> + Send;
+
+    /// Take the lease of a step that has no outcome, compare-and-set in the
+    /// store (so it holds across servers sharing a database and across
+    /// restarts): granted when the step has no lease, or its lease is
+    /// `lease.holder`'s (renewed), or has lapsed at `lease.acquired_at`
+    /// (taken over); otherwise [`LeaseStep::Held`] with the live lease, or
+    /// [`LeaseStep::Recorded`] with the outcome, and nothing changes. Of
+    /// concurrent callers with different holders exactly one is granted.
+    /// `audit` gets the outcome; an unknown run or step is `NotFound`.
+    fn lease_step(
+        &self,
+        run_id: RunId,
+        step_id: StepId,
+        lease: StepLease,
+        audit: AuditFn<LeaseStep>,
+    ) -> impl Future<Output = Result<LeaseStep, StoreError>> + Send;
 
     // ----- context envelopes -----
 
@@ -284,15 +318,20 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<ResolveEscalation, StoreError>> + Send;
 
     /// Use the approval of `target`, exactly once: the `approved`
-    /// escalation for it (if any) becomes `consumed` at `at` and is
-    /// returned; two concurrent callers never both get it. `audit` gets the
-    /// outcome (`None`: nothing was approved, nothing changed).
+    /// escalation for exactly this target (its request digest included; if
+    /// any) becomes `consumed` at `at` and is returned; two concurrent
+    /// callers never both get it. In the same transaction every `pending`
+    /// escalation of the same slot ([`EscalationTarget::same_slot`]: other
+    /// requests for that child id, run step or call, which can no longer
+    /// proceed) is withdrawn ([`ConsumedEscalation::withdraw`]) and returned
+    /// with it. `audit` gets the outcome (`None`: nothing was approved,
+    /// nothing changed).
     fn consume_escalation(
         &self,
         target: EscalationTarget,
         at: Timestamp,
-        audit: AuditFn<Option<EscalationRecord>>,
-    ) -> impl Future<Output = Result<Option<EscalationRecord>, StoreError>> + Send;
+        audit: AuditFn<Option<ConsumedEscalation>>,
+    ) -> impl Future<Output = Result<Option<ConsumedEscalation>, StoreError>> + Send;
 
     // ----- sessions -----
 

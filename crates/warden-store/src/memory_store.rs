@@ -14,12 +14,13 @@ use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 
 use crate::{
-    AuditFn, CallRecord, CreateRun, CreateSession, Delete, DeleteOutcome, Entity, EnvelopeImport,
-    EscalationRecord, EscalationResolution, EscalationStatus, EscalationTarget, PutEnvelope,
-    PutEscalation, PutOutcome, RecordStep, ResolveEscalation, RunRecord, RunState, RunsInFlight,
-    SessionHead, SessionRecord, SessionState, SessionUpdate, StepOutcome, StorageQuota, Store,
-    StoreError, StoredAgent, TokenRecord, UpdateSession, Usage, check_create, decide_import,
-    decide_put, encoded_len, missing_envelope, run_finished, seq_taken, sources_unless_known,
+    AuditFn, CallRecord, ConsumedEscalation, CreateRun, CreateSession, Delete, DeleteOutcome,
+    Entity, EnvelopeImport, EscalationRecord, EscalationResolution, EscalationStatus,
+    EscalationTarget, LeaseStep, PutEnvelope, PutEscalation, PutOutcome, RecordStep,
+    ResolveEscalation, RunRecord, RunState, RunsInFlight, SessionHead, SessionRecord, SessionState,
+    SessionUpdate, StepLease, StepOutcome, StorageQuota, Store, StoreError, StoredAgent,
+    TokenRecord, UpdateSession, Usage, check_create, decide_import, decide_put, encoded_len,
+    missing_envelope, run_finished, seq_taken, sources_unless_known,
 };
 
 type RecordKey = (AgentId, Namespace, Key);
@@ -468,6 +469,7 @@ impl Store for MemoryStore {
                 RunState {
                     run,
                     outcomes: Default::default(),
+                    leases: Default::default(),
                 },
             );
         }
@@ -480,11 +482,12 @@ impl Store for MemoryStore {
         Ok(self.lock()?.runs.get(&run_id).cloned())
     }
 
-    async fn record_step(
+    async fn record_step_as(
         &self,
         run_id: RunId,
         step_id: StepId,
         outcome: StepOutcome,
+        holder: Option<String>,
         audit: Vec<AuditDraft>,
     ) -> Result<RecordStep, StoreError> {
         let mut g = self.lock()?;
@@ -501,9 +504,49 @@ impl Store for MemoryStore {
         if let Some(existing) = run.outcomes.get(&step_id) {
             return Ok(RecordStep::AlreadyRecorded(existing.clone()));
         }
+        if let Some(lease) = run.leases.get(&step_id)
+            && lease.is_live(outcome.recorded_at)
+            && holder.as_deref() != Some(lease.holder.as_str())
+        {
+            return Ok(RecordStep::LeaseHeld(lease.clone()));
+        }
+        run.leases.remove(&step_id);
         run.outcomes.insert(step_id, outcome);
         g.append(audit);
         Ok(RecordStep::Recorded)
+    }
+
+    async fn lease_step(
+        &self,
+        run_id: RunId,
+        step_id: StepId,
+        lease: StepLease,
+        audit: AuditFn<LeaseStep>,
+    ) -> Result<LeaseStep, StoreError> {
+        let mut g = self.lock()?;
+        let run = g
+            .runs
+            .get_mut(&run_id)
+            .ok_or_else(|| StoreError::not_found(Entity::Run, &run_id))?;
+        if !run.run.steps.iter().any(|s| s.step_id == step_id) {
+            return Err(StoreError::not_found(
+                Entity::Step,
+                format!("{run_id}/{step_id}"),
+            ));
+        }
+        let outcome = match (run.outcomes.get(&step_id), run.leases.get(&step_id)) {
+            (Some(recorded), _) => LeaseStep::Recorded(recorded.clone()),
+            (None, Some(held)) if !held.yields_to(&lease.holder, lease.acquired_at) => {
+                LeaseStep::Held(held.clone())
+            }
+            (None, _) => {
+                run.leases.insert(step_id, lease);
+                LeaseStep::Granted
+            }
+        };
+        let drafts = audit(&outcome);
+        g.append(drafts);
+        Ok(outcome)
     }
 
     async fn put_envelope(
@@ -650,10 +693,10 @@ impl Store for MemoryStore {
         &self,
         target: EscalationTarget,
         at: Timestamp,
-        audit: AuditFn<Option<EscalationRecord>>,
-    ) -> Result<Option<EscalationRecord>, StoreError> {
+        audit: AuditFn<Option<ConsumedEscalation>>,
+    ) -> Result<Option<ConsumedEscalation>, StoreError> {
         let mut g = self.lock()?;
-        let outcome = g
+        let consumed = g
             .escalations
             .iter_mut()
             .find(|e| e.target == target && e.status == EscalationStatus::Approved)
@@ -662,6 +705,19 @@ impl Store for MemoryStore {
                 e.consumed_at = Some(at);
                 e.clone()
             });
+        let outcome = consumed.map(|escalation| {
+            let mut withdrawn = Vec::new();
+            for e in g.escalations.iter_mut() {
+                if e.status == EscalationStatus::Pending && e.target.same_slot(&target) {
+                    *e = ConsumedEscalation::withdraw(&escalation, e.clone(), at);
+                    withdrawn.push(e.clone());
+                }
+            }
+            ConsumedEscalation {
+                escalation,
+                withdrawn,
+            }
+        });
         let drafts = audit(&outcome);
         g.append(drafts);
         Ok(outcome)

@@ -256,6 +256,48 @@ pub struct RunState {
     pub run: RunRecord,
     /// Outcomes by step id.
     pub outcomes: BTreeMap<StepId, StepOutcome>,
+    /// The leases of steps begun and not recorded (see
+    /// [`Store::lease_step`](crate::Store::lease_step)), by step id, expired
+    /// ones included.
+    #[serde(default)]
+    pub leases: BTreeMap<StepId, StepLease>,
+}
+
+/// A client-executed step taken by one holder: while the lease is live, no
+/// one else may begin the step nor record its outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepLease {
+    /// Who holds it (the lease id the holder presents).
+    pub holder: String,
+    /// When it was taken (or renewed).
+    pub acquired_at: Timestamp,
+    /// When it lapses: from then on anyone may take the step over.
+    pub expires_at: Timestamp,
+}
+
+impl StepLease {
+    /// Whether the lease still holds at `now`.
+    pub fn is_live(&self, now: Timestamp) -> bool {
+        now.0 < self.expires_at.0
+    }
+
+    /// Whether `other` may take the step at `now` over this lease: it is
+    /// this lease's holder, or this lease has lapsed.
+    pub fn yields_to(&self, holder: &str, now: Timestamp) -> bool {
+        self.holder == holder || !self.is_live(now)
+    }
+}
+
+/// Outcome of [`Store::lease_step`](crate::Store::lease_step).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseStep {
+    /// The step is now leased to the caller (new, renewed, or taken over
+    /// from a lapsed lease).
+    Granted,
+    /// Another holder's live lease holds the step; nothing changed.
+    Held(StepLease),
+    /// The step's outcome is recorded; nothing changed.
+    Recorded(StepOutcome),
 }
 
 /// Outcome of [`Store::create_run`](crate::Store::create_run).
@@ -282,6 +324,8 @@ pub enum RecordStep {
     Recorded,
     /// An outcome was recorded before; here it is, unchanged.
     AlreadyRecorded(StepOutcome),
+    /// Another holder's live lease holds the step; nothing was recorded.
+    LeaseHeld(StepLease),
 }
 
 // ---------------------------------------------------------------------------
@@ -306,7 +350,15 @@ pub enum PutEnvelope {
 // Escalations
 // ---------------------------------------------------------------------------
 
-/// What an escalation holds up.
+/// What an escalation holds up: one request, bound by its digest.
+///
+/// `request_digest` is the SHA-256 of the canonical JSON of the request the
+/// reviewer is shown ([`EscalationRecord::request`]): everything that shapes
+/// what is created or run. It is part of the target, so a different request
+/// for the same slot (the same child id, run step or call) is a different
+/// escalation, and consuming an approval matches the digest. A record stored
+/// before requests were bound has none (`None`): it matches no request and
+/// cannot be approved.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum EscalationTarget {
@@ -316,6 +368,9 @@ pub enum EscalationTarget {
         run_id: RunId,
         /// The step.
         step_id: StepId,
+        /// The digest of the step's request (run, step, action, arguments).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        request_digest: Option<Digest>,
     },
     /// One call of one tool-call session.
     Call {
@@ -323,6 +378,9 @@ pub enum EscalationTarget {
         session_id: warden_core::ids::SessionId,
         /// The call.
         call_id: warden_core::ids::CallId,
+        /// The digest of the call's action and arguments.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        request_digest: Option<Digest>,
     },
     /// The registration of `child` under `parent` (optionally from a run).
     Delegation {
@@ -333,8 +391,67 @@ pub enum EscalationTarget {
         /// The run the delegation inherits from.
         #[serde(default)]
         from_run: Option<RunId>,
+        /// The digest of the whole delegation request (capabilities, tools,
+        /// config, zone, restrictions, redaction, source).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        request_digest: Option<Digest>,
     },
 }
+
+impl EscalationTarget {
+    /// The digest of the request this target binds (`None`: a record stored
+    /// before requests were bound).
+    pub fn request_digest(&self) -> Option<Digest> {
+        match self {
+            EscalationTarget::Step { request_digest, .. }
+            | EscalationTarget::Call { request_digest, .. }
+            | EscalationTarget::Delegation { request_digest, .. } => *request_digest,
+        }
+    }
+
+    /// Whether `self` and `other` hold up the same slot, whatever their
+    /// requests: the same run step, the same call, or the same child id
+    /// (one child id is registered at most once, whoever asks).
+    pub fn same_slot(&self, other: &EscalationTarget) -> bool {
+        match (self, other) {
+            (
+                EscalationTarget::Step {
+                    run_id: r1,
+                    step_id: s1,
+                    ..
+                },
+                EscalationTarget::Step {
+                    run_id: r2,
+                    step_id: s2,
+                    ..
+                },
+            ) => r1 == r2 && s1 == s2,
+            (
+                EscalationTarget::Call {
+                    session_id: s1,
+                    call_id: c1,
+                    ..
+                },
+                EscalationTarget::Call {
+                    session_id: s2,
+                    call_id: c2,
+                    ..
+                },
+            ) => s1 == s2 && c1 == c2,
+            (
+                EscalationTarget::Delegation { child: c1, .. },
+                EscalationTarget::Delegation { child: c2, .. },
+            ) => c1 == c2,
+            _ => false,
+        }
+    }
+}
+
+/// The `rejection_reason` of an escalation withdrawn because another request
+/// for its slot consumed an approval (see [`Store::consume_escalation`]).
+///
+/// [`Store::consume_escalation`]: crate::Store::consume_escalation
+pub const ESCALATION_WITHDRAWN: &str = "escalation_withdrawn";
 
 /// Where an escalation is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -410,6 +527,12 @@ pub struct EscalationRecord {
     /// Obligations that bind the request if it is approved.
     #[serde(default)]
     pub obligations: Vec<Obligation>,
+    /// The request itself, as the reviewer is shown it: every field that
+    /// shapes what is created or run (canonical JSON; its SHA-256 is the
+    /// target's `request_digest`). `None` on records stored before
+    /// requests were bound.
+    #[serde(default)]
+    pub request: Option<Value>,
     /// Its status.
     pub status: EscalationStatus,
     /// When it was created.
@@ -436,6 +559,34 @@ pub enum PutEscalation {
     /// An open (pending or approved) escalation for the same target exists;
     /// here it is, and nothing was stored.
     Existing(Box<EscalationRecord>),
+}
+
+/// Outcome of [`Store::consume_escalation`](crate::Store::consume_escalation)
+/// when an approval was used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumedEscalation {
+    /// The approval, now `consumed`.
+    pub escalation: EscalationRecord,
+    /// The pending escalations of the same slot (other requests that can no
+    /// longer proceed once this one has), withdrawn in the same transaction:
+    /// now `rejected` with reason [`ESCALATION_WITHDRAWN`], resolved by the
+    /// consumed request's requester.
+    pub withdrawn: Vec<EscalationRecord>,
+}
+
+impl ConsumedEscalation {
+    /// Withdraw `pending` for `consumed`: the record as it is stored after.
+    pub fn withdraw(
+        consumed: &EscalationRecord,
+        mut pending: EscalationRecord,
+        at: Timestamp,
+    ) -> EscalationRecord {
+        pending.status = EscalationStatus::Rejected;
+        pending.rejection_reason = Some(ESCALATION_WITHDRAWN.to_owned());
+        pending.resolved_by = Some(consumed.requested_by.clone());
+        pending.resolved_at = Some(at);
+        pending
+    }
 }
 
 /// A reviewer's answer.

@@ -96,6 +96,11 @@ pub mod engine_reasons {
     pub const RUN_REJECTED: Reason = Reason::code("run_rejected");
     /// A step whose outcome was already recorded.
     pub const STEP_REPLAYED: Reason = Reason::code("step_replayed");
+    /// A step another worker began holds a live lease: do not run it.
+    pub const STEP_IN_PROGRESS: Reason = Reason::code("step_in_progress");
+    /// A completion by someone other than the holder of the step's live
+    /// lease: nothing recorded.
+    pub const STEP_LEASE_HELD: Reason = Reason::code("step_lease_held");
     /// An earlier step failed or was denied.
     pub const RUN_STOPPED: Reason = Reason::code("run_stopped");
     /// A step begun before the steps before it completed.
@@ -119,6 +124,13 @@ pub mod engine_reasons {
     pub const ESCALATION_REJECTED: Reason = Reason::code("escalation_rejected");
     /// The escalation was already approved, rejected or used.
     pub const ESCALATION_NOT_PENDING: Reason = Reason::code("escalation_not_pending");
+    /// The escalation holds no bound request (stored before approvals were
+    /// bound to the request reviewed, or its request does not match its
+    /// digest): it cannot be approved, only rejected.
+    pub const ESCALATION_UNBOUND: Reason = Reason::code("escalation_unbound");
+    /// A pending escalation withdrawn: another request for the same child
+    /// id, run step or call consumed an approval, so it can never proceed.
+    pub const ESCALATION_WITHDRAWN: Reason = Reason::code(warden_store::ESCALATION_WITHDRAWN);
     /// The reviewer may not review this escalation (its own request, or not
     /// an ancestor of the requesting agent).
     pub const ESCALATION_REVIEWER_NOT_AUTHORIZED: Reason =

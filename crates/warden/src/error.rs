@@ -87,6 +87,9 @@ pub enum ConflictKind {
     CallResult,
     /// A session kept changing under concurrent calls; retry.
     SessionContention,
+    /// A run's step is leased to another worker (it began the step and
+    /// has not completed it): not yours to complete.
+    StepInProgress,
 }
 
 /// What is wrong with an input field.
@@ -187,6 +190,9 @@ fn conflict_message(kind: ConflictKind, id: &str) -> String {
         ConflictKind::CallResult => format!("call `{id}` already has a different result"),
         ConflictKind::SessionContention => {
             format!("session `{id}` kept changing concurrently; retry")
+        }
+        ConflictKind::StepInProgress => {
+            format!("step `{id}` is in progress under another worker's lease")
         }
     }
 }

@@ -195,7 +195,9 @@ impl<S: Store> Engine<S> {
                 StepGate::Executed {
                     decision, outcome, ..
                 } => (decision, Some(outcome), true),
-                StepGate::Refused { decision, .. } | StepGate::Escalated { decision, .. } => {
+                StepGate::Refused { decision, .. }
+                | StepGate::Escalated { decision, .. }
+                | StepGate::InProgress { decision, .. } => {
                     reports.push(StepReport {
                         step_id: step.step_id.clone(),
                         decision,
@@ -210,6 +212,7 @@ impl<S: Store> Engine<S> {
                     operation_id,
                     action,
                     arguments,
+                    ..
                 } => {
                     let result = self
                         .execute_one(actor, &operation_id, &action, arguments, handlers)

@@ -28,8 +28,26 @@
 //! executed by the caller between `begin` ([`StepGate::Proceed`]) and
 //! [`Engine::complete_step`] or [`Engine::complete_begun_step`].
 //!
+//! # One worker per step
+//!
+//! The first `begin` that the gate lets proceed takes the step's *lease* in
+//! the store (`Store::lease_step`, a compare-and-set on the run's step, so
+//! it holds across servers sharing a database and across restarts), for
+//! the bundle's `limits.step_lease_ms` (five minutes by default). Until it
+//! lapses every other `begin` answers [`StepGate::InProgress`] with its
+//! expiry and runs nothing, and only the holder may record the outcome (the
+//! store refuses anyone else's in the same compare-and-set). The holder is
+//! named by its lease id: the one `begin` answered, or one the caller chose
+//! and presents again (so a worker that restarts re-begins its own step).
+//! After the lease lapses anyone may take the step over; a step whose
+//! outcome is recorded is never begun again. So a retried step never runs
+//! its effect twice while its lease holds; a worker that outlives its
+//! lease without completing can be overtaken, and the step's
+//! `operation_id` is the idempotency key its effect should carry.
+//!
 //! Tickets live in this engine's memory (a server's process); a ticket older
-//! than the run TTL ([`Engine::set_run_ttl`]) is dropped.
+//! than the run TTL ([`Engine::set_run_ttl`]) is dropped. A completion on
+//! another server than the `begin` presents the lease id instead.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,10 +61,12 @@ use warden_core::ids::{ActionName, AgentId, Key, Label, Namespace, RunId, StepId
 use warden_core::memory::Visibility;
 use warden_core::preflight::{MEMORY_READ, MEMORY_WRITE};
 use warden_core::time::Timestamp;
-use warden_store::{RecordStep, RunRecord, RunState, RunStep, StepOutcome, StepStatus, Store};
+use warden_store::{
+    LeaseStep, RecordStep, RunRecord, RunState, RunStep, StepLease, StepOutcome, StepStatus, Store,
+};
 
 use crate::context::{ContextGate, Folded};
-use crate::engine::{Engine, engine_reasons as er, ops};
+use crate::engine::{Engine, engine_reasons as er, ops, random_id};
 use crate::error::{EngineError, Missing};
 use crate::memory::{ReadStatus, WriteRequest};
 use crate::tickets::{Gated, Ticket};
@@ -66,6 +86,19 @@ pub enum StepGate {
         action: ActionName,
         /// The arguments.
         arguments: Map<String, Value>,
+        /// The lease this caller now holds on the step (present it to
+        /// complete the step, or to begin it again after a crash).
+        lease_id: String,
+        /// When the lease lapses: after it anyone may take the step over.
+        lease_expires_at: Timestamp,
+    },
+    /// Do not run it: another worker began the step and holds its lease
+    /// until `lease_expires_at`; nothing was decided for this caller.
+    InProgress {
+        /// The decision (`step_in_progress`, verdict deny).
+        decision: Decision,
+        /// When the holder's lease lapses.
+        lease_expires_at: Timestamp,
     },
     /// A memory step: the engine executed it and recorded its outcome.
     Executed {
@@ -142,6 +175,11 @@ pub enum Completion {
     /// The gate has not let this step proceed (no `begin`, or its ticket
     /// expired); nothing was recorded.
     NotBegun,
+    /// Another worker holds the step's live lease; nothing was recorded.
+    LeaseHeld {
+        /// When that lease lapses.
+        lease_expires_at: Timestamp,
+    },
 }
 
 /// A memory step's effect, read from its arguments once.
@@ -219,13 +257,33 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// The per-step gate (see the module docs).
+    /// The per-step gate (see the module docs), for a caller that names no
+    /// lease: [`Engine::begin_step_as`] with none.
     pub async fn begin_step(
         &self,
         actor: &AgentId,
         run_id: &RunId,
         step_id: &StepId,
     ) -> Result<StepGate, EngineError> {
+        self.begin_step_as(actor, run_id, step_id, None).await
+    }
+
+    /// The per-step gate (see the module docs) as the holder `lease_id`
+    /// (an identifier the caller chose, or `None`: a new one is made): a
+    /// step whose live lease another holder has is
+    /// [`StepGate::InProgress`]; one that proceeds is leased to `lease_id`.
+    pub async fn begin_step_as(
+        &self,
+        actor: &AgentId,
+        run_id: &RunId,
+        step_id: &StepId,
+        lease_id: Option<&str>,
+    ) -> Result<StepGate, EngineError> {
+        if let Some(l) = lease_id {
+            warden_core::ids::check_identifier(l).map_err(|e| {
+                EngineError::input("lease_id", format!("is not a valid identifier: {e}"))
+            })?;
+        }
         let now = self.now();
         let caller = Subject::Agent(actor.clone());
         let state = self.run_of(actor, run_id).await?;
@@ -263,6 +321,25 @@ impl<S: Store> Engine<S> {
         {
             return Ok(refused);
         }
+        let engine_executed =
+            step.action.as_str() == MEMORY_READ || step.action.as_str() == MEMORY_WRITE;
+        if !engine_executed
+            && let Some(lease) = state.leases.get(step_id)
+            && !lease.yields_to(lease_id.unwrap_or_default(), now)
+        {
+            // Another worker is running it: decide nothing, run nothing.
+            let d = self.in_progress(&caller, resource, now);
+            self.inner
+                .store
+                .append_audit(vec![self.draft(&d).with_details(json!({
+                    "lease_expires_at": lease.expires_at,
+                }))])
+                .await?;
+            return Ok(StepGate::InProgress {
+                decision: d,
+                lease_expires_at: lease.expires_at,
+            });
+        }
         // The step's arguments, read once: decided by the gate, then handed
         // to the caller.
         let arguments = Value::Object(step_arguments(&state.run, step_id));
@@ -294,12 +371,17 @@ impl<S: Store> Engine<S> {
         let Value::Object(arguments) = arguments else {
             return Err(EngineError::internal("a step's arguments are an object"));
         };
+        let holder = match lease_id {
+            Some(l) => l.to_owned(),
+            None => random_id("lease")?,
+        };
         let ticket = Ticket {
             actor: actor.clone(),
             gated,
             run: Arc::new(state.run),
             step,
             issued_at: now,
+            holder,
         };
         let action = ticket.step.action.clone();
         let operation_id = ticket.step.operation_id.clone();
@@ -316,15 +398,22 @@ impl<S: Store> Engine<S> {
                     }
                 }
             };
-            let outcome = self
+            let outcome = match self
                 .finish_step(
                     actor,
                     &ticket.run,
                     &ticket.step,
                     ticket.gated.as_deref(),
+                    None,
                     result,
                 )
-                .await?;
+                .await?
+            {
+                Completion::Recorded(outcome) => outcome,
+                Completion::NotBegun | Completion::LeaseHeld { .. } => {
+                    return Err(EngineError::internal("a memory step is never leased"));
+                }
+            };
             return Ok(StepGate::Executed {
                 decision,
                 operation_id,
@@ -333,16 +422,83 @@ impl<S: Store> Engine<S> {
                 outcome,
             });
         }
-        if let Some(draft) = draft {
-            self.inner.store.append_audit(vec![draft]).await?;
+        // Take the step's lease; the gate's entry commits with it.
+        let expires_at = Timestamp(
+            now.0
+                .saturating_add(i64::try_from(self.policy().step_lease_ms).unwrap_or(i64::MAX)),
+        );
+        let lease = StepLease {
+            holder: ticket.holder.clone(),
+            acquired_at: now,
+            expires_at,
+        };
+        let held = self.in_progress(&caller, resource.clone(), now);
+        let held_draft = self.draft(&held);
+        let replayed = self.decision(
+            &caller,
+            Verdict::Allow,
+            er::STEP_REPLAYED,
+            ops::STEP_BEGIN,
+            resource,
+            now,
+        );
+        let replay_draft = self.draft(&replayed);
+        let leased = self
+            .inner
+            .store
+            .lease_step(
+                run_id.clone(),
+                step_id.clone(),
+                lease,
+                Box::new(move |o| match o {
+                    LeaseStep::Granted => draft
+                        .map(|d| d.with_details(json!({"lease_expires_at": expires_at})))
+                        .into_iter()
+                        .collect(),
+                    LeaseStep::Held(l) => {
+                        vec![held_draft.with_details(json!({"lease_expires_at": l.expires_at}))]
+                    }
+                    LeaseStep::Recorded(_) => vec![replay_draft],
+                }),
+            )
+            .await?;
+        match leased {
+            LeaseStep::Granted => {}
+            LeaseStep::Held(l) => {
+                return Ok(StepGate::InProgress {
+                    decision: held,
+                    lease_expires_at: l.expires_at,
+                });
+            }
+            LeaseStep::Recorded(outcome) => {
+                return Ok(StepGate::Replay {
+                    decision: replayed,
+                    outcome,
+                });
+            }
         }
+        let lease_id = ticket.holder.clone();
         self.inner.tickets.insert(ticket, now, self.run_ttl_ms())?;
         Ok(StepGate::Proceed {
             decision,
             operation_id,
             action,
             arguments,
+            lease_id,
+            lease_expires_at: expires_at,
         })
+    }
+
+    /// The decision of a `begin` that finds another holder's live lease.
+    fn in_progress(&self, caller: &Subject, resource: String, now: Timestamp) -> Decision {
+        self.decision(
+            caller,
+            Verdict::Deny,
+            er::STEP_IN_PROGRESS,
+            ops::STEP_BEGIN,
+            resource,
+            now,
+        )
     }
 
     /// The refusal of a step by the run's own state (the run stopped, an
@@ -410,35 +566,63 @@ impl<S: Store> Engine<S> {
         result: StepResult,
     ) -> Result<StepOutcome, EngineError> {
         let now = self.now();
-        if let Some(t) = self
-            .inner
-            .tickets
-            .take(actor, run_id, step_id, now, self.run_ttl_ms())?
+        let resource = format!("{run_id}:{step_id}");
+        let completion = if let Some(t) =
+            self.inner
+                .tickets
+                .take(actor, run_id, step_id, None, now, self.run_ttl_ms())?
         {
-            return self
-                .finish_step(actor, &t.run, &t.step, t.gated.as_deref(), result)
-                .await;
-        }
-        let state = self.run_of(actor, run_id).await?;
-        let Some(step) = state.run.steps.iter().find(|s| &s.step_id == step_id) else {
-            return Err(EngineError::not_found(
-                Missing::Step,
-                format!("{run_id}:{step_id}"),
-            ));
+            self.finish_step(
+                actor,
+                &t.run,
+                &t.step,
+                t.gated.as_deref(),
+                Some(t.holder.clone()),
+                result,
+            )
+            .await?
+        } else {
+            let state = self.run_of(actor, run_id).await?;
+            let Some(step) = state.run.steps.iter().find(|s| &s.step_id == step_id) else {
+                return Err(EngineError::not_found(Missing::Step, resource));
+            };
+            if let Some(first) = state.outcomes.get(step_id) {
+                // Recorded before: nothing to fold again.
+                return Ok(first.clone());
+            }
+            if let Some(lease) = state.leases.get(step_id)
+                && lease.is_live(now)
+            {
+                self.refuse_completion(actor, &resource, lease.expires_at, now)
+                    .await?;
+                return Err(EngineError::Conflict {
+                    kind: crate::error::ConflictKind::StepInProgress,
+                    id: resource,
+                });
+            }
+            self.finish_step(actor, &state.run, step, None, None, result)
+                .await?
         };
-        if let Some(first) = state.outcomes.get(step_id) {
-            // Recorded before: nothing to fold again.
-            return Ok(first.clone());
+        match completion {
+            Completion::Recorded(outcome) => Ok(outcome),
+            Completion::LeaseHeld { lease_expires_at } => {
+                self.refuse_completion(actor, &resource, lease_expires_at, now)
+                    .await?;
+                Err(EngineError::Conflict {
+                    kind: crate::error::ConflictKind::StepInProgress,
+                    id: resource,
+                })
+            }
+            Completion::NotBegun => Err(EngineError::internal("a completion without a gate")),
         }
-        self.finish_step(actor, &state.run, step, None, result)
-            .await
     }
 
     /// Record the outcome of a step the gate let proceed: like
     /// [`Engine::complete_step`], but a step with no valid ticket (never
     /// begun, begun by another process, or begun longer ago than the run
     /// TTL) is [`Completion::NotBegun`] unless its outcome is recorded
-    /// already (then that outcome is returned).
+    /// already (then that outcome is returned). [`Engine::complete_begun_step_as`]
+    /// with no lease id: the ticket's holder.
     pub async fn complete_begun_step(
         &self,
         actor: &AgentId,
@@ -446,28 +630,94 @@ impl<S: Store> Engine<S> {
         step_id: &StepId,
         result: StepResult,
     ) -> Result<Completion, EngineError> {
+        self.complete_begun_step_as(actor, run_id, step_id, None, result)
+            .await
+    }
+
+    /// [`Engine::complete_begun_step`] by the holder `lease_id`: only the
+    /// holder of the step's lease records its outcome. With this process's
+    /// ticket (the `begin` was here) the ticket's holder is the one (a
+    /// `lease_id` that is not it finds no ticket); without one (the `begin`
+    /// was on another server sharing the database), `lease_id` must be the
+    /// stored lease's holder. Another holder's live lease is
+    /// [`Completion::LeaseHeld`] and records nothing (the refusal is
+    /// recorded).
+    pub async fn complete_begun_step_as(
+        &self,
+        actor: &AgentId,
+        run_id: &RunId,
+        step_id: &StepId,
+        lease_id: Option<&str>,
+        result: StepResult,
+    ) -> Result<Completion, EngineError> {
         let now = self.now();
-        if let Some(t) = self
-            .inner
-            .tickets
-            .take(actor, run_id, step_id, now, self.run_ttl_ms())?
+        let resource = format!("{run_id}:{step_id}");
+        let completion = if let Some(t) =
+            self.inner
+                .tickets
+                .take(actor, run_id, step_id, lease_id, now, self.run_ttl_ms())?
         {
-            return self
-                .finish_step(actor, &t.run, &t.step, t.gated.as_deref(), result)
-                .await
-                .map(Completion::Recorded);
+            self.finish_step(
+                actor,
+                &t.run,
+                &t.step,
+                t.gated.as_deref(),
+                Some(t.holder.clone()),
+                result,
+            )
+            .await?
+        } else {
+            let state = self.run_of(actor, run_id).await?;
+            let Some(step) = state.run.steps.iter().find(|s| &s.step_id == step_id) else {
+                return Err(EngineError::not_found(Missing::Step, resource));
+            };
+            if let Some(outcome) = state.outcomes.get(step_id) {
+                return Ok(Completion::Recorded(outcome.clone()));
+            }
+            match (state.leases.get(step_id), lease_id) {
+                // Begun on another server by this holder: its completion.
+                (Some(lease), Some(l)) if lease.holder == l => {
+                    self.finish_step(actor, &state.run, step, None, Some(l.to_owned()), result)
+                        .await?
+                }
+                (Some(lease), _) if lease.is_live(now) => Completion::LeaseHeld {
+                    lease_expires_at: lease.expires_at,
+                },
+                _ => Completion::NotBegun,
+            }
+        };
+        if let Completion::LeaseHeld { lease_expires_at } = &completion {
+            self.refuse_completion(actor, &resource, *lease_expires_at, now)
+                .await?;
         }
-        let state = self.run_of(actor, run_id).await?;
-        if !state.run.steps.iter().any(|s| &s.step_id == step_id) {
-            return Err(EngineError::not_found(
-                Missing::Step,
-                format!("{run_id}:{step_id}"),
-            ));
-        }
-        Ok(match state.outcomes.get(step_id) {
-            Some(outcome) => Completion::Recorded(outcome.clone()),
-            None => Completion::NotBegun,
-        })
+        Ok(completion)
+    }
+
+    /// Record the refusal of a completion by someone other than the holder
+    /// of the step's live lease.
+    async fn refuse_completion(
+        &self,
+        actor: &AgentId,
+        resource: &str,
+        lease_expires_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<(), EngineError> {
+        let d = self.decision(
+            &Subject::Agent(actor.clone()),
+            Verdict::Deny,
+            er::STEP_LEASE_HELD,
+            ops::STEP_COMPLETE,
+            resource.to_owned(),
+            now,
+        );
+        self.inner
+            .store
+            .append_audit(vec![
+                self.draft(&d)
+                    .with_details(json!({"lease_expires_at": lease_expires_at})),
+            ])
+            .await?;
+        Ok(())
     }
 
     /// Fold and record a step's outcome (`gated`: what its gate decided).
@@ -477,8 +727,9 @@ impl<S: Store> Engine<S> {
         run: &RunRecord,
         step: &RunStep,
         gated: Option<&Gated>,
+        holder: Option<String>,
         result: StepResult,
-    ) -> Result<StepOutcome, EngineError> {
+    ) -> Result<Completion, EngineError> {
         let now = self.now();
         let caller = Subject::Agent(actor.clone());
         let limit = self
@@ -565,16 +816,20 @@ impl<S: Store> Engine<S> {
         match self
             .inner
             .store
-            .record_step(
+            .record_step_as(
                 run.run_id.clone(),
                 step.step_id.clone(),
                 outcome.clone(),
+                holder,
                 vec![draft],
             )
             .await?
         {
-            RecordStep::Recorded => Ok(outcome),
-            RecordStep::AlreadyRecorded(first) => Ok(first),
+            RecordStep::Recorded => Ok(Completion::Recorded(outcome)),
+            RecordStep::AlreadyRecorded(first) => Ok(Completion::Recorded(first)),
+            RecordStep::LeaseHeld(lease) => Ok(Completion::LeaseHeld {
+                lease_expires_at: lease.expires_at,
+            }),
         }
     }
 

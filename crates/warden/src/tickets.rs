@@ -1,5 +1,8 @@
 //! Tickets: what a step's gate decided, kept from `begin` to `complete`
-//! (see the `steps` module). A leaf module: the engine holds the table, the
+//! (see the `steps` module). A ticket is this process's cache of the
+//! decision; who may perform and complete the step is the lease in the
+//! store (`Store::lease_step`), which every server sharing the database
+//! sees. A leaf module: the engine holds the table, the
 //! context gate fills [`Gated`], the step lifecycle issues and consumes
 //! tickets.
 
@@ -29,6 +32,9 @@ pub(crate) struct Ticket {
     pub(crate) step: RunStep,
     pub(crate) gated: Option<Box<Gated>>,
     pub(crate) issued_at: Timestamp,
+    /// The holder of the step's lease in the store (see
+    /// `Store::lease_step`): the completion records as this holder.
+    pub(crate) holder: String,
 }
 
 /// Tickets of steps begun and not completed, by run and step.
@@ -63,12 +69,14 @@ impl Tickets {
         Ok(())
     }
 
-    /// The ticket of `run`/`step` begun by `actor`, if it is still valid.
+    /// The ticket of `run`/`step` begun by `actor`, if it is still valid
+    /// and (when `holder` is given) held by `holder`.
     pub(crate) fn take(
         &self,
         actor: &AgentId,
         run: &RunId,
         step: &StepId,
+        holder: Option<&str>,
         now: Timestamp,
         ttl_ms: i64,
     ) -> Result<Option<Ticket>, EngineError> {
@@ -76,6 +84,7 @@ impl Tickets {
         let key = (run.clone(), step.clone());
         match map.get(&key) {
             Some(t) if &t.actor != actor => Ok(None),
+            Some(t) if holder.is_some_and(|h| h != t.holder) => Ok(None),
             Some(t) if now.0.saturating_sub(t.issued_at.0) >= ttl_ms => {
                 map.remove(&key);
                 Ok(None)

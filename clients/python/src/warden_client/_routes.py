@@ -316,16 +316,19 @@ class Routes:
                        {"sop": dict(sop), "run_id": run_id})
 
     @staticmethod
-    def begin_step(run_id: str, step_id: str) -> Request[m.Gate]:
+    def begin_step(run_id: str, step_id: str,
+                   lease_id: Optional[str] = None) -> Request[m.Gate]:
         return Request("POST", f"/v1/runs/{seg(run_id)}/steps/{seg(step_id)}/begin",
-                       _as(m.Gate), False)
+                       _as(m.Gate), False, query={"lease_id": lease_id})
 
     @staticmethod
     def complete_step(run_id: str, step_id: str, result: Json,
                       result_labels: Optional[Iterable[str]],
-                      error: Optional[str]) -> Request[m.Outcome]:
+                      error: Optional[str],
+                      lease_id: Optional[str] = None) -> Request[m.Outcome]:
         labels = None if result_labels is None else list(result_labels)
-        body = _opt({}, result=result, result_labels=labels or None, error=error)
+        body = _opt({}, result=result, result_labels=labels or None, error=error,
+                    lease_id=lease_id)
         return Request("POST", f"/v1/runs/{seg(run_id)}/steps/{seg(step_id)}/complete",
                        _as(m.Outcome), True, body)
 

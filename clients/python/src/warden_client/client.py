@@ -211,13 +211,21 @@ class WardenClient:
         the same run)."""
         return self.send(Routes.admit_run(sop, run_id or new_id("run-")))
 
-    def begin_step(self, run_id: str, step_id: str) -> m.Gate:
-        return self.send(Routes.begin_step(run_id, step_id))
+    def begin_step(self, run_id: str, step_id: str, *,
+                   lease_id: Optional[str] = None) -> m.Gate:
+        """The per-step gate; ``proceed`` leases the step to ``lease_id``
+        (or a new id: ``Gate.lease_id``). Another holder's live lease is a
+        409 ``step_in_progress``."""
+        return self.send(Routes.begin_step(run_id, step_id, lease_id))
 
     def complete_step(self, run_id: str, step_id: str, result: Json = None, *,
                       result_labels: Optional[Iterable[str]] = None,
-                      error: Optional[str] = None) -> m.Outcome:
-        return self.send(Routes.complete_step(run_id, step_id, result, result_labels, error))
+                      error: Optional[str] = None,
+                      lease_id: Optional[str] = None) -> m.Outcome:
+        """Record the outcome once, as the holder ``lease_id`` (needed on
+        another server than the one that answered ``begin``)."""
+        return self.send(Routes.complete_step(run_id, step_id, result, result_labels, error,
+                                              lease_id))
 
     def envelope(self, run_id: str) -> m.Envelope:
         """A run's envelope (labels, sensitivity, restrictions; never data)."""

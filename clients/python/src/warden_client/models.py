@@ -476,7 +476,8 @@ class Outcome(WireModel):
 @_model("GateResponse")
 @dataclasses.dataclass(frozen=True)
 class Gate(WireModel):
-    """The answer of ``begin``: ``proceed`` (run the tool), ``replay`` or
+    """The answer of ``begin``: ``proceed`` (run the tool, holding the
+    step's lease ``lease_id`` until ``lease_expires_at``), ``replay`` or
     ``executed`` (the recorded outcome)."""
 
     gate: GateKind
@@ -485,6 +486,8 @@ class Gate(WireModel):
     action: Optional[str] = None
     arguments: Optional[Dict[str, Any]] = None
     outcome: Optional[Outcome] = None
+    lease_id: Optional[str] = None
+    lease_expires_at: Optional[int] = None
 
 
 # --- context envelopes and escalations ----------------------------------------
@@ -537,7 +540,9 @@ class Receipt(WireModel):
 class Escalation(WireModel):
     """A request held for review. ``target`` is ``{"kind": "call",
     "session_id", "call_id"}``, ``{"kind": "step", "run_id", "step_id"}``
-    or ``{"kind": "delegation", "parent_id", "child_id", "from_run"}``."""
+    or ``{"kind": "delegation", "parent_id", "child_id", "from_run"}``,
+    each with the ``request_digest`` that binds the approval to
+    ``request``, the request itself (what an approval lets through)."""
 
     escalation_id: str
     status: EscalationStatus
@@ -554,6 +559,7 @@ class Escalation(WireModel):
     resolved_at: Optional[int]
     rejection_reason: Optional[str]
     consumed_at: Optional[int]
+    request: Optional[Dict[str, Any]]
     obligations: List[Any] = _empty()
 
 

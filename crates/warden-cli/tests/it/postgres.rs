@@ -848,4 +848,89 @@ fn signed_checkpoints_catch_a_rehashed_rewrite_on_postgres() {
     let (code, out) = verify(&["--trust", &public, "--anchors", anchor_arg]);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("its newest entries were deleted"), "{out}");
+
+/// A step's lease lives in the database: a step begun on server A is
+/// `in_progress` on server B (which runs nothing), B refuses a completion
+/// that does not present the lease, the holder completes on B with its
+/// lease id, and then both servers replay the recorded outcome.
+#[test]
+fn a_step_lease_holds_across_two_servers() {
+    let base = url_or_skip!();
+    let schema = Schema::new(base);
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        r#"
+policy_version: leases-two-servers
+environment_capabilities: [upload]
+actions:
+  upload: {}
+agents:
+  - {id: worker, capabilities: [upload]}
+"#,
+    )
+    .unwrap();
+    let policy = policy.to_str().unwrap().to_owned();
+    let a = Server::start_with(&schema.url, &["--policy", &policy]);
+    let b = Server::start_with(&schema.url, &["--policy", &policy]);
+    let (status, body) = ok(&a.addr, "POST", "/v1/agents/worker/tokens", OP, None);
+    assert_eq!(status, 201, "{body}");
+    let token = body["token"].as_str().unwrap().to_owned();
+    let sop = json!({"sop_id": "up", "version": 1,
+                     "steps": [{"step_id": "up", "action": "upload", "arguments": {}}]});
+    let (status, body) = ok(
+        &a.addr,
+        "POST",
+        "/v1/runs",
+        &token,
+        Some(&json!({"sop": sop, "run_id": "lease-run"})),
+    );
+    assert_eq!(status, 201, "{body}");
+    let begin = "/v1/runs/lease-run/steps/up/begin";
+    let (status, gate) = ok(
+        &a.addr,
+        "POST",
+        &format!("{begin}?lease_id=on-a"),
+        &token,
+        None,
+    );
+    assert_eq!(status, 200, "{gate}\n{}", a.log());
+    assert_eq!(gate["gate"], json!("proceed"));
+    assert_eq!(gate["lease_id"], json!("on-a"));
+    // Server B sees the lease: it lets nobody else run the step.
+    let (status, body) = ok(&b.addr, "POST", begin, &token, None);
+    assert_eq!(status, 409, "{body}\n{}", b.log());
+    assert_eq!(body["error"]["code"], json!("step_in_progress"));
+    assert_eq!(
+        body["error"]["details"]["lease_expires_at"],
+        gate["lease_expires_at"]
+    );
+    let complete = "/v1/runs/lease-run/steps/up/complete";
+    for lease in [json!(null), json!("on-b")] {
+        let (status, body) = ok(
+            &b.addr,
+            "POST",
+            complete,
+            &token,
+            Some(&json!({"result": {"n": 1}, "lease_id": lease})),
+        );
+        assert_eq!(status, 409, "{body}");
+        assert_eq!(body["error"]["code"], json!("step_lease_held"), "{body}");
+    }
+    // The holder completes on B by presenting its lease.
+    let (status, body) = ok(
+        &b.addr,
+        "POST",
+        complete,
+        &token,
+        Some(&json!({"result": {"n": 1}, "lease_id": "on-a"})),
+    );
+    assert_eq!(status, 200, "{body}\n{}", b.log());
+    assert_eq!(body["status"], json!("completed"));
+    for server in [&a, &b] {
+        let (status, body) = ok(&server.addr, "POST", begin, &token, None);
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["gate"], json!("replay"));
+    }
 }

@@ -60,6 +60,7 @@ fn step_target(step: &str) -> EscalationTarget {
     EscalationTarget::Step {
         run_id: RunId::parse("run-1").unwrap(),
         step_id: StepId::parse(step).unwrap(),
+        request_digest: None,
     }
 }
 
@@ -77,6 +78,7 @@ fn escalation(escalation_id: &str, target: EscalationTarget) -> EscalationRecord
         obligations: vec![Obligation::ResultLabels {
             labels: vec![Label::parse("pii").unwrap()],
         }],
+        request: None,
         status: EscalationStatus::Pending,
         created_at: Timestamp(100),
         resolved_by: None,
@@ -135,6 +137,7 @@ async fn records_round_trip_exactly() {
         parent: id("manager"),
         child: id("helper"),
         from_run: Some(RunId::parse("run-9").unwrap()),
+        request_digest: None,
     };
     let mut esc = escalation("esc-rt", target.clone());
     esc.resource = "odd\0resource \u{E000}".to_string();
@@ -384,8 +387,8 @@ async fn resolution_and_consumption_happen_once_across_servers() {
         let barrier = Arc::clone(&barrier);
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
-            let audit: AuditFn<Option<EscalationRecord>> =
-                Box::new(|o: &Option<EscalationRecord>| match o {
+            let audit: AuditFn<Option<warden_store::ConsumedEscalation>> =
+                Box::new(|o: &Option<warden_store::ConsumedEscalation>| match o {
                     Some(_) => vec![draft(
                         "researcher",
                         "step.begin",
@@ -408,8 +411,8 @@ async fn resolution_and_consumption_happen_once_across_servers() {
         }
     }
     assert_eq!(consumed.len(), 1, "{consumed:?}");
-    assert_eq!(consumed[0].status, EscalationStatus::Consumed);
-    assert_eq!(consumed[0].consumed_at, Some(Timestamp(99)));
+    assert_eq!(consumed[0].escalation.status, EscalationStatus::Consumed);
+    assert_eq!(consumed[0].escalation.consumed_at, Some(Timestamp(99)));
     let approved = setup
         .list_escalations(Some(EscalationStatus::Approved))
         .await

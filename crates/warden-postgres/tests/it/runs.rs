@@ -115,6 +115,7 @@ async fn racing_recorders_and_creators_exactly_once() {
         match r {
             RecordStep::Recorded => recorded.push(()),
             RecordStep::AlreadyRecorded(o) => replayed.push(o),
+            RecordStep::LeaseHeld(l) => panic!("no lease was taken: {l:?}"),
         }
     }
     assert_eq!(created, 1);

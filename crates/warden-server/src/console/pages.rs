@@ -198,7 +198,9 @@ fn provenance_table(provenance: &Value) -> String {
 
 fn target_text(t: &EscalationTarget) -> String {
     match t {
-        EscalationTarget::Step { run_id, step_id } => format!(
+        EscalationTarget::Step {
+            run_id, step_id, ..
+        } => format!(
             "step <code>{}</code> of run <a href=\"/console/runs/{}\"><code>{}</code></a>",
             esc(step_id.as_str()),
             url_part(run_id.as_str()),
@@ -207,6 +209,7 @@ fn target_text(t: &EscalationTarget) -> String {
         EscalationTarget::Call {
             session_id,
             call_id,
+            ..
         } => format!(
             "call <code>{}</code> of session <a href=\"/console/sessions/{}\"><code>{}</code></a>",
             esc(call_id.as_str()),
@@ -293,9 +296,26 @@ async fn escalation_card<S: Store>(
         let _ = write!(s, "<dt>Approval used</dt><dd>{}</dd>", time(t));
     }
     s.push_str("</dl>");
+    // The request itself: an approval lets exactly this through, once.
+    s.push_str("<h3>The request</h3>");
+    match (&e.request, e.target.request_digest()) {
+        (Some(request), Some(digest)) => {
+            let text = serde_json::to_string_pretty(request).unwrap_or_default();
+            let _ = write!(
+                s,
+                "<p>An approval lets exactly this request through, once (digest <code>{}</code>); any other request escalates afresh.</p><pre class=\"request\">{}</pre>",
+                esc(&digest.to_hex()),
+                esc(&text)
+            );
+        }
+        _ => s.push_str(
+            "<p class=\"none\">This escalation was stored before approvals were bound to a request: it cannot be approved, only rejected.</p>",
+        ),
+    }
     if let EscalationTarget::Call {
         session_id,
         call_id,
+        ..
     } = &e.target
     {
         s.push_str("<h3>Where each argument came from</h3>");

@@ -116,6 +116,14 @@ const TABLE: &[(&str, &str)] = &[
         "escalation_reviewer_not_authorized",
         "this reviewer may not decide it",
     ),
+    (
+        "escalation_unbound",
+        "it binds no request (stored by an earlier version): reject it",
+    ),
+    (
+        "escalation_withdrawn",
+        "another request for the same thing used its approval",
+    ),
     ("host_not_allowed", "the host is not on the allowed list"),
     (
         "not_an_ancestor",
@@ -158,6 +166,14 @@ const TABLE: &[(&str, &str)] = &[
     ("session_cancelled", "the session was cancelled"),
     ("session_opened", "the session was opened"),
     ("step_allowed", "the step was allowed"),
+    (
+        "step_in_progress",
+        "another worker holds the step; it was not run again",
+    ),
+    (
+        "step_lease_held",
+        "only the worker holding the step may report it",
+    ),
     ("step_out_of_order", "the step came out of order"),
     ("token_issued", "a token was issued"),
     ("token_revoked", "the token was revoked"),

@@ -322,6 +322,14 @@ fn review_reply(caller: &Caller, out: ReviewOutcome) -> ApiResult<Reply<ReviewRe
         .with_details(details)
         .with_details(json!({"status": status})));
     }
+    if reason == er::ESCALATION_UNBOUND {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "escalation_unbound",
+            "the escalation binds no request (stored before approvals were bound): reject it; the request escalates afresh",
+        )
+        .with_details(details));
+    }
     if reason == er::ESCALATION_REVIEWER_NOT_AUTHORIZED {
         return if *caller == out.escalation.requested_by {
             Err(ApiError::forbidden(

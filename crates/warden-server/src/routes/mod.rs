@@ -439,15 +439,18 @@ routes! {
         id: "beginStep",
         access: Access::Agent,
         callers: "the run's agent",
-        summary: "The per-step gate (proceed / replay / executed; 403 step_denied)",
+        summary: "The per-step gate (proceed / replay / executed; 403 step_denied; 409 step_in_progress)",
+        query: Some(wire!(BeginStepQuery)),
         response: Payload::Json(wire!(GateResponse)),
-        outcome: "`gate: proceed` with `operation_id`, `action`, `arguments`; `gate: replay` or `gate: executed` (memory steps run by the server) with `outcome`",
+        outcome: "`gate: proceed` with `operation_id`, `action`, `arguments` and the step's lease (`lease_id`, `lease_expires_at`); `gate: replay` or `gate: executed` (memory steps run by the server) with `outcome`",
         errors: &[
             fail(403, "step_denied").note("`details.decision`; a context denial such as `restricted_by:no_external_export` records the step `Denied`"),
             fail(403, "step_escalated").note("`details.decision`, `details.escalation_id`: approve it, then `begin` again"),
             fail(404, "not_found"),
             fail(409, "step_out_of_order"),
             fail(409, "run_stopped"),
+            fail(409, "step_in_progress").note("another worker holds the step's lease until `details.lease_expires_at`; recorded"),
+            fail(422, "invalid_value").note("`lease_id`"),
         ],
     }
     POST "/v1/runs/{run}/steps/{step}/complete" => runs::complete::<S>, {
@@ -461,6 +464,7 @@ routes! {
         errors: &[
             fail(404, "not_found"),
             fail(409, "step_not_begun"),
+            fail(409, "step_lease_held").note("not the holder of the step's live lease (`details.lease_expires_at`); recorded, nothing stored"),
             fail(422, "limit_exceeded"),
         ],
     }
@@ -597,11 +601,12 @@ routes! {
         callers: "operator, an active ancestor of the requester",
         summary: "Approve an escalation (operator, or an ancestor of the requester): the held request proceeds once",
         response: Payload::Json(wire!(ReviewResponse)),
-        outcome: "the held request proceeds once, the next time it is made (`begin`, or the same delegation)",
+        outcome: "the held request proceeds once, the next time exactly that request is made (`begin`, the same call, the same delegation: its `request_digest`); other pending requests for the same child, step or call are then withdrawn",
         errors: &[
             fail(403, "escalation_reviewer_not_authorized").note("the requester itself; recorded"),
             fail(404, "not_found").note("missing, or an agent outside the requester's lineage; recorded"),
             fail(409, "escalation_not_pending").note("recorded"),
+            fail(409, "escalation_unbound").note("stored before approvals were bound to a request: reject it; recorded"),
         ],
     }
     POST "/v1/escalations/{id}/reject" => context::reject::<S>, {

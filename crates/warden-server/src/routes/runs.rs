@@ -7,7 +7,8 @@
 //! `proceed` (409 `step_not_begun` otherwise), or returns the outcome already
 //! recorded.
 
-use axum::extract::State;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use serde_json::{Value, json};
 use warden::{Admission, Completion, EngineError, StepGate, StepRefusal, StepResult};
@@ -17,14 +18,15 @@ use warden_core::sop::{Sop, sop_from_value};
 use warden_store::Store;
 
 use super::PathParams;
+use super::memory::invalid_query;
 use crate::auth::AgentCaller;
 use crate::body::JsonBody;
 use crate::error::{ApiError, ApiResult, sop_error};
 use crate::state::AppState;
 use crate::wire::{
-    AdmitRunRequest, CompleteStepRequest, DecisionBody, GateBody, GateResponse, OutcomeBody, Reply,
-    RunAdmittedResponse, RunStepBody, ValidateResponse, ValidateSopRequest, step_decisions,
-    step_provenance,
+    AdmitRunRequest, BeginStepQuery, CompleteStepRequest, DecisionBody, GateBody, GateResponse,
+    OutcomeBody, Reply, RunAdmittedResponse, RunStepBody, ValidateResponse, ValidateSopRequest,
+    step_decisions, step_provenance,
 };
 use warden::engine_reasons::QUOTA_MAX_RUNS_IN_FLIGHT;
 
@@ -130,15 +132,33 @@ fn run_step(path: &PathParams) -> ApiResult<(RunId, StepId)> {
     ))
 }
 
-/// `POST /v1/runs/{run}/steps/{step}/begin` (agent): the per-step gate.
+/// `POST /v1/runs/{run}/steps/{step}/begin?lease_id=…` (agent): the
+/// per-step gate; a step another worker holds is 409 `step_in_progress`.
 pub(crate) async fn begin<S: Store>(
     State(st): State<AppState<S>>,
     AgentCaller(me): AgentCaller,
     path: PathParams,
+    query: Result<Query<BeginStepQuery>, QueryRejection>,
 ) -> ApiResult<Reply<GateResponse>> {
     let (run, step) = run_step(&path)?;
-    let gate = st.engine().begin_step(&me, &run, &step).await?;
+    let Query(q) = query.map_err(|e| invalid_query(&e))?;
+    let gate = st
+        .engine()
+        .begin_step_as(&me, &run, &step, q.lease_id.as_deref())
+        .await?;
     match gate {
+        StepGate::InProgress {
+            decision,
+            lease_expires_at,
+        } => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "step_in_progress",
+            "another worker began this step and holds its lease: do not run it",
+        )
+        .with_details(json!({
+            "decision": DecisionBody::from(&decision),
+            "lease_expires_at": lease_expires_at.0,
+        }))),
         StepGate::Replay { decision, outcome } => Ok(Reply(
             StatusCode::OK,
             GateResponse {
@@ -148,6 +168,8 @@ pub(crate) async fn begin<S: Store>(
                 action: None,
                 arguments: None,
                 outcome: Some((&outcome).into()),
+                lease_id: None,
+                lease_expires_at: None,
             },
         )),
         StepGate::Escalated {
@@ -193,6 +215,8 @@ pub(crate) async fn begin<S: Store>(
                 action: Some(action),
                 arguments: Some(arguments),
                 outcome: Some((&outcome).into()),
+                lease_id: None,
+                lease_expires_at: None,
             },
         )),
         StepGate::Proceed {
@@ -200,6 +224,8 @@ pub(crate) async fn begin<S: Store>(
             operation_id,
             action,
             arguments,
+            lease_id,
+            lease_expires_at,
         } => Ok(Reply(
             StatusCode::OK,
             GateResponse {
@@ -209,6 +235,8 @@ pub(crate) async fn begin<S: Store>(
                 action: Some(action),
                 arguments: Some(arguments),
                 outcome: None,
+                lease_id: Some(lease_id),
+                lease_expires_at: Some(lease_expires_at.0),
             },
         )),
     }
@@ -243,10 +271,11 @@ pub(crate) async fn complete<S: Store>(
     }
     let completion = st
         .engine()
-        .complete_begun_step(
+        .complete_begun_step_as(
             &me,
             &run,
             &step,
+            req.lease_id.as_deref(),
             StepResult {
                 result: req.result,
                 result_labels: req.result_labels,
@@ -254,12 +283,18 @@ pub(crate) async fn complete<S: Store>(
             },
         )
         .await?;
-    let Completion::Recorded(outcome) = completion else {
-        return Err(ApiError::new(
+    match completion {
+        Completion::Recorded(outcome) => Ok(Reply(StatusCode::OK, (&outcome).into())),
+        Completion::NotBegun => Err(ApiError::new(
             StatusCode::CONFLICT,
             "step_not_begun",
             "the gate has not let this step proceed: call `begin` first",
-        ));
-    };
-    Ok(Reply(StatusCode::OK, (&outcome).into()))
+        )),
+        Completion::LeaseHeld { lease_expires_at } => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "step_lease_held",
+            "another worker holds this step's lease: only its holder records the outcome",
+        )
+        .with_details(json!({"lease_expires_at": lease_expires_at.0}))),
+    }
 }

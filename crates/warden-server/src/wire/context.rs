@@ -213,7 +213,10 @@ impl From<EscalationStatus> for EscalationStatusBody {
     }
 }
 
-/// What an escalation holds up.
+/// What an escalation holds up. `request_digest` (SHA-256 of the canonical
+/// JSON of the escalation's `request`, hex) binds the approval to that
+/// request; it is absent on escalations stored before requests were bound,
+/// which cannot be approved.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum EscalationTargetBody {
@@ -223,6 +226,9 @@ pub enum EscalationTargetBody {
         run_id: RunId,
         /// The step.
         step_id: StepId,
+        /// The digest of the request this escalation binds.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        request_digest: Option<String>,
     },
     /// One call of one tool-call session.
     Call {
@@ -230,6 +236,9 @@ pub enum EscalationTargetBody {
         session_id: SessionId,
         /// The call.
         call_id: CallId,
+        /// The digest of the request this escalation binds.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        request_digest: Option<String>,
     },
     /// The registration of `child_id` under `parent_id`.
     Delegation {
@@ -239,10 +248,14 @@ pub enum EscalationTargetBody {
         child_id: AgentId,
         /// The run the delegation inherits from.
         from_run: Option<RunId>,
+        /// The digest of the request this escalation binds.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        request_digest: Option<String>,
     },
 }
 
-/// A request held for review: ids, labels and levels, never data.
+/// A request held for review, with the request itself: what an approval
+/// lets through, exactly (nothing else matches it).
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct EscalationBody {
     /// Its id.
@@ -268,6 +281,12 @@ pub struct EscalationBody {
     /// Obligations that bind the request if it is approved.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub obligations: Vec<Value>,
+    /// The request an approval lets through once, every field of it: a
+    /// delegation's child, parent, capabilities, tools, config, source,
+    /// zone, restrictions and redaction; a step's run, step, action and
+    /// arguments; a call's action and arguments. `null` on escalations
+    /// stored before requests were bound.
+    pub request: Option<Value>,
     /// When it was created (ms since the epoch).
     pub created_at: i64,
     /// Who approved or rejected it.
@@ -286,24 +305,34 @@ impl From<EscalationRecord> for EscalationBody {
             escalation_id: e.escalation_id,
             status: e.status.into(),
             target: match e.target {
-                EscalationTarget::Step { run_id, step_id } => {
-                    EscalationTargetBody::Step { run_id, step_id }
-                }
+                EscalationTarget::Step {
+                    run_id,
+                    step_id,
+                    request_digest,
+                } => EscalationTargetBody::Step {
+                    run_id,
+                    step_id,
+                    request_digest: request_digest.map(|d| d.to_hex()),
+                },
                 EscalationTarget::Call {
                     session_id,
                     call_id,
+                    request_digest,
                 } => EscalationTargetBody::Call {
                     session_id,
                     call_id,
+                    request_digest: request_digest.map(|d| d.to_hex()),
                 },
                 EscalationTarget::Delegation {
                     parent,
                     child,
                     from_run,
+                    request_digest,
                 } => EscalationTargetBody::Delegation {
                     parent_id: parent,
                     child_id: child,
                     from_run,
+                    request_digest: request_digest.map(|d| d.to_hex()),
                 },
             },
             requested_by: e.requested_by.to_string(),
@@ -318,6 +347,7 @@ impl From<EscalationRecord> for EscalationBody {
                 .iter()
                 .filter_map(|o| serde_json::to_value(o).ok())
                 .collect(),
+            request: e.request,
             created_at: e.created_at.0,
             resolved_by: e.resolved_by.as_ref().map(Subject::to_string),
             resolved_at: e.resolved_at.map(|t| t.0),

@@ -39,6 +39,12 @@ pub struct AdmitRunRequest {
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CompleteStepRequest {
+    /// The lease id `begin` answered (or the one it was given): only the
+    /// holder of the step's lease records its outcome. Optional on the
+    /// server that answered the `begin` (its ticket names the holder);
+    /// needed on another server sharing the database.
+    #[serde(default)]
+    pub lease_id: Option<String>,
     /// The result value.
     #[serde(default)]
     pub result: Option<Value>,
@@ -373,4 +379,22 @@ pub struct GateResponse {
     /// The outcome, for `replay` and `executed`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outcome: Option<OutcomeBody>,
+    /// For `proceed`: the lease this caller now holds on the step; present
+    /// it to `complete` (and to `begin` again after a crash).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_id: Option<String>,
+    /// For `proceed`: when the lease lapses (ms since the epoch); until
+    /// then every other `begin` is a 409 `step_in_progress`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_expires_at: Option<i64>,
+}
+
+/// Query of `POST /v1/runs/{run}/steps/{step}/begin`.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BeginStepQuery {
+    /// The lease id to hold the step as (an identifier the caller chose):
+    /// the same id begins its own step again; absent, the server makes one.
+    #[serde(default)]
+    pub lease_id: Option<String>,
 }

@@ -615,3 +615,31 @@ async fn runs_memory_and_the_audit_export_read_through_the_engine() {
     }
     s.send(get("/console/audit/export", &fmt)).await.expect(403);
 }
+
+/// The escalation page shows the request an approval lets through, every
+/// field of it, and its digest.
+#[tokio::test]
+async fn the_escalation_page_shows_the_whole_request() {
+    let (s, id) = with_escalation().await;
+    let session = sign_in(&s, OP).await;
+    let page = s
+        .send(get(&format!("/console/escalations/{id}"), &session))
+        .await
+        .expect(200)
+        .text();
+    let api = s
+        .get(&format!("/v1/escalations/{id}"), OP)
+        .await
+        .expect(200)
+        .json();
+    assert!(page.contains("<h3>The request</h3>"), "{page}");
+    let digest = api["target"]["request_digest"].as_str().unwrap();
+    assert!(page.contains(digest), "the digest is shown");
+    for field in [
+        "&quot;action&quot;: &quot;send_email&quot;",
+        "&quot;to&quot;: &quot;mallory@evil.example&quot;",
+        "&quot;body&quot;: &quot;hi&quot;",
+    ] {
+        assert!(page.contains(field), "{field} is shown: {page}");
+    }
+}

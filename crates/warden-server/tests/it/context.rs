@@ -490,17 +490,55 @@ async fn an_escalated_step_proceeds_once_on_approval_and_a_rejection_stops_the_r
         .await
         .expect(200)
         .json();
+    let digest = held_entry["target"]["request_digest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(digest.len(), 64);
     assert_eq!(
         held_entry["target"],
         json!({"kind": "delegation", "parent_id": "researcher", "child_id": "wide_helper",
-               "from_run": "wide-1"})
+               "from_run": "wide-1", "request_digest": digest})
+    );
+    // The reviewer sees the whole request an approval lets through.
+    assert_eq!(
+        held_entry["request"],
+        json!({"child": "wide_helper", "parent": "researcher",
+               "capabilities": ["document.summarize"], "tools": null, "config": null,
+               "from_run": "wide-1", "from_session": null, "zone": "internal",
+               "restrictions": [], "redact_labels": false})
     );
     s.post_empty(&format!("/v1/escalations/{desc}/approve"), OP)
         .await
         .expect(200);
+    // The same child id asked for more does not ride on that approval: it
+    // is held afresh and creates nothing.
+    let wider = json!({"agent_id": "wide_helper",
+                       "capabilities": ["document.summarize", "artifact.save", "memory.write"],
+                       "from_run": "wide-1", "zone": "external"});
+    let before = s.snapshot(&[]).await;
+    let held_wider = s
+        .post("/v1/agents/self/children", &researcher, wider)
+        .await
+        .expect_error(403, "delegation_escalated")
+        .json();
+    let wider_id = held_wider["error"]["details"]["escalation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(wider_id, desc);
+    assert_eq!(s.snapshot(&[]).await.agents, before.agents);
     s.post("/v1/agents/self/children", &researcher, child)
         .await
         .expect(201);
+    // The wider request can never proceed now: withdrawn.
+    let withdrawn = s
+        .get(&format!("/v1/escalations/{wider_id}"), OP)
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(withdrawn["status"], json!("rejected"));
+    assert_eq!(withdrawn["rejection_reason"], json!("escalation_withdrawn"));
     s.get("/v1/agents/wide_helper", OP).await.expect(200);
 
     // The queue (operator only).
@@ -524,8 +562,17 @@ async fn an_escalated_step_proceeds_once_on_approval_and_a_rejection_stops_the_r
     assert_eq!(one["status"], json!("pending"));
     assert_eq!(
         one["target"],
-        json!({"kind": "step", "run_id": "wide-1", "step_id": "save"})
+        json!({"kind": "step", "run_id": "wide-1", "step_id": "save",
+               "request_digest": one["target"]["request_digest"]})
     );
+    assert_eq!(
+        one["target"]["request_digest"].as_str().map(str::len),
+        Some(64)
+    );
+    assert_eq!(one["request"]["run_id"], json!("wide-1"));
+    assert_eq!(one["request"]["step_id"], json!("save"));
+    assert_eq!(one["request"]["action"], json!("artifact.save"));
+    assert!(one["request"]["arguments"].is_object());
     assert_eq!(one["requested_by"], json!("researcher"));
     assert_eq!(one["reason"], json!("aggregation_backstop"));
     assert_eq!(
@@ -667,7 +714,8 @@ async fn an_escalated_step_proceeds_once_on_approval_and_a_rejection_stops_the_r
             .as_array()
             .unwrap()
             .len(),
-        1
+        2,
+        "the rejected step and the withdrawn wider delegation"
     );
 }
 

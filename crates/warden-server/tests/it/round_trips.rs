@@ -31,7 +31,7 @@ impl Store for Counting {
         list_sessions);
     warden_store::forward_store!(field inner before { WRITES.fetch_add(1, Ordering::SeqCst); };
         insert_agent, set_agent_status, set_agent_capabilities, insert_token, revoke_token,
-        put_record, delete_record, append_audit, create_run, record_step, put_envelope,
+        put_record, delete_record, append_audit, create_run, record_step, record_step_as, lease_step, put_envelope,
         put_escalation, resolve_escalation, consume_escalation, create_session, update_session);
 }
 

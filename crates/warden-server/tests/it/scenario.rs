@@ -562,3 +562,88 @@ async fn compare_and_set_over_http_lets_exactly_one_concurrent_writer_win() {
     assert!(s.record("researcher", "notes", "status").await.is_none());
     s.stop().await;
 }
+
+/// Eight workers begin one client-executed step at once: one gets
+/// `proceed` with the lease, the seven others 409 `step_in_progress` with
+/// the lease's expiry. A completion with another lease id is 409
+/// `step_lease_held` and records nothing; the holder's completes it.
+#[tokio::test]
+async fn one_worker_holds_a_step_and_only_it_completes() {
+    let s = std::sync::Arc::new(TestServer::start().await);
+    let researcher = s.token_for("researcher").await;
+    s.post(
+        "/v1/runs",
+        &researcher,
+        json!({"sop": sop_file("valid-report"), "run_id": "lease-1"}),
+    )
+    .await
+    .expect(201);
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let s = std::sync::Arc::clone(&s);
+            let token = researcher.clone();
+            tokio::spawn(async move {
+                let r = s
+                    .post_empty(
+                        &format!("/v1/runs/lease-1/steps/summarize/begin?lease_id=w-{i}"),
+                        &token,
+                    )
+                    .await;
+                (r.status, r.json())
+            })
+        })
+        .collect();
+    let mut proceeded = Vec::new();
+    let mut in_progress = Vec::new();
+    for t in tasks {
+        let (status, body) = t.await.unwrap();
+        match status {
+            200 => proceeded.push(body),
+            409 => {
+                assert_eq!(body["error"]["code"], json!("step_in_progress"), "{body}");
+                in_progress.push(body["error"]["details"]["lease_expires_at"].clone());
+            }
+            other => panic!("{other}: {body}"),
+        }
+    }
+    assert_eq!(proceeded.len(), 1);
+    assert_eq!(in_progress.len(), 7);
+    let gate = proceeded.remove(0);
+    assert_eq!(gate["gate"], json!("proceed"));
+    let holder = gate["lease_id"].as_str().unwrap().to_owned();
+    assert!(in_progress.iter().all(|t| *t == gate["lease_expires_at"]));
+    let other = if holder == "w-0" { "w-1" } else { "w-0" };
+    s.post(
+        "/v1/runs/lease-1/steps/summarize/complete",
+        &researcher,
+        json!({"result": {"summary": "x"}, "lease_id": other}),
+    )
+    .await
+    .expect_error(409, "step_lease_held");
+    let state = s
+        .state
+        .engine()
+        .store()
+        .get_run(RunId::parse("lease-1").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(state.outcomes.is_empty());
+    let done = s
+        .post(
+            "/v1/runs/lease-1/steps/summarize/complete",
+            &researcher,
+            json!({"result": {"summary": "x"}, "lease_id": holder}),
+        )
+        .await
+        .expect(200)
+        .json();
+    assert_eq!(done["status"], json!("completed"));
+    // A malformed lease id is refused before anything is decided.
+    s.post_empty(
+        "/v1/runs/lease-1/steps/save/begin?lease_id=not%20valid",
+        &researcher,
+    )
+    .await
+    .expect_error(422, "invalid_value");
+}

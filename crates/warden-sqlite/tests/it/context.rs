@@ -37,6 +37,7 @@ fn target(step: &str) -> EscalationTarget {
     EscalationTarget::Step {
         run_id: RunId::parse("run-ctx").unwrap(),
         step_id: StepId::parse(step).unwrap(),
+        request_digest: None,
     }
 }
 
@@ -52,6 +53,7 @@ fn escalation(esc: &str, target: EscalationTarget) -> EscalationRecord {
         envelope_version: Some(1),
         classification: Sensitivity::Restricted,
         obligations: Vec::new(),
+        request: None,
         status: EscalationStatus::Pending,
         created_at: Timestamp(10),
         resolved_by: None,
@@ -150,8 +152,8 @@ async fn envelopes_and_escalations_survive_reopening() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(consumed.escalation_id, "esc-1");
-    assert_eq!(consumed.resolved_by, Some(Subject::Operator));
+    assert_eq!(consumed.escalation.escalation_id, "esc-1");
+    assert_eq!(consumed.escalation.resolved_by, Some(Subject::Operator));
     assert!(
         store
             .consume_escalation(target("a"), Timestamp(13), Box::new(|_| Vec::new()))

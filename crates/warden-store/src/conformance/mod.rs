@@ -76,9 +76,9 @@ use warden_core::time::Timestamp;
 
 use crate::verify::{HeadAnchor, VerifyError, verify_store};
 use crate::{
-    AuditFn, CreateRun, Delete, DeleteOutcome, Entity, PutOutcome, QuotaKind, RecordStep,
-    RunRecord, RunStep, RunsInFlight, StepOutcome, StepStatus, StorageQuota, Store, StoreError,
-    StoredAgent, TokenRecord, TokenSubject, Usage,
+    AuditFn, CreateRun, Delete, DeleteOutcome, Entity, LeaseStep, PutOutcome, QuotaKind,
+    RecordStep, RunRecord, RunStep, RunsInFlight, StepLease, StepOutcome, StepStatus, StorageQuota,
+    Store, StoreError, StoredAgent, TokenRecord, TokenSubject, Usage,
 };
 
 /// How many writers race for the same revision in [`put_race_one_winner`].
@@ -133,6 +133,7 @@ macro_rules! __conformance_tests {
             runs_create_existing_get,
             record_step_exactly_once,
             record_step_unknown,
+            step_leases,
             mixed_concurrent_writers,
             quota_max_records,
             quota_max_bytes,
@@ -141,6 +142,7 @@ macro_rules! __conformance_tests {
             runs_in_flight_concurrent,
             envelope_versions,
             escalation_lifecycle,
+            escalation_bound_requests,
             sessions_create_and_get,
             sessions_existing_and_duplicate_envelope,
             sessions_update_compare_and_set,
@@ -218,6 +220,7 @@ where
     runs_create_existing_get(factory().await).await;
     record_step_exactly_once(factory().await).await;
     record_step_unknown(factory().await).await;
+    step_leases(factory().await).await;
     mixed_concurrent_writers(factory().await).await;
     quota_max_records(factory().await).await;
     quota_max_bytes(factory().await).await;
@@ -226,6 +229,7 @@ where
     runs_in_flight_concurrent(factory().await).await;
     envelope_versions(factory().await).await;
     escalation_lifecycle(factory().await).await;
+    escalation_bound_requests(factory().await).await;
     sessions_create_and_get(factory().await).await;
     sessions_existing_and_duplicate_envelope(factory().await).await;
     sessions_update_compare_and_set(factory().await).await;
@@ -281,11 +285,21 @@ pub async fn escalation_lifecycle<S: Store>(store: S) {
     assert_chain(&store).await;
 }
 
+/// Escalations bound to their requests (see
+/// [`escalations::check_bound_requests`]) as a check of the suite.
+pub async fn escalation_bound_requests<S: Store>(store: S) {
+    if let Err(f) = escalations::check_bound_requests(&store).await {
+        panic!("escalation bound requests: {f}");
+    }
+    assert_chain(&store).await;
+}
+
 /// The envelope and escalation checks on a store that is not fresh (a
 /// migrated database, say): they use their own ids, so they can share it.
 pub async fn run_context_checks<S: Store>(store: &S) -> Result<(), Failure> {
     envelopes::check_envelope_versions(store).await?;
-    escalations::check_escalation_lifecycle(store).await
+    escalations::check_escalation_lifecycle(store).await?;
+    escalations::check_bound_requests(store).await
 }
 
 // ----- helpers shared by the checks -----

@@ -270,3 +270,249 @@ pub async fn mixed_concurrent_writers<S: Store>(store: S) {
     }
     assert_chain(&*store).await;
 }
+
+fn lease(holder: &str, at: i64, until: i64) -> StepLease {
+    StepLease {
+        holder: holder.to_owned(),
+        acquired_at: Timestamp(at),
+        expires_at: Timestamp(until),
+    }
+}
+
+fn lease_audit(tag: &'static str) -> AuditFn<LeaseStep> {
+    Box::new(move |o: &LeaseStep| match o {
+        LeaseStep::Granted => vec![draft(
+            "researcher",
+            "step.begin",
+            tag,
+            Verdict::Allow,
+            "step_allowed",
+        )],
+        _ => vec![draft(
+            "researcher",
+            "step.begin",
+            tag,
+            Verdict::Deny,
+            "step_in_progress",
+        )],
+    })
+}
+
+/// A step's lease is a compare-and-set in the store: of concurrent takers
+/// exactly one is granted and the others see its lease; the holder renews
+/// it; only the holder records the outcome while it is live (anyone else,
+/// or no holder, is `LeaseHeld`, storing and appending nothing); a lapsed
+/// lease is taken over, after which the old holder is refused; a recorded
+/// step leases to no one; an unknown step is `NotFound`.
+pub async fn step_leases<S: Store>(store: S) {
+    let store = Arc::new(store);
+    store
+        .create_run(
+            sample_run("run-1", Digest::of(b"sop")),
+            None,
+            crate::audit_if_created(vec![]),
+        )
+        .await
+        .unwrap();
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                let l = lease(&format!("w{i}"), 100, 200);
+                let out = store
+                    .lease_step(run_id("run-1"), step_id("s1"), l, lease_audit("s1"))
+                    .await
+                    .unwrap();
+                (format!("w{i}"), out)
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    let mut held = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            (w, LeaseStep::Granted) => winners.push(w),
+            (_, LeaseStep::Held(l)) => held.push(l),
+            (_, other) => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one taker is granted");
+    let holder = winners.remove(0);
+    assert_eq!(held.len(), 7);
+    assert!(held.iter().all(|l| *l == lease(&holder, 100, 200)));
+    assert_eq!(head_count(&*store).await, 8, "every outcome was recorded");
+    let state = store.get_run(run_id("run-1")).await.unwrap().unwrap();
+    assert_eq!(
+        state.leases.get(&step_id("s1")),
+        Some(&lease(&holder, 100, 200))
+    );
+    // The holder renews its own lease.
+    assert_eq!(
+        store
+            .lease_step(
+                run_id("run-1"),
+                step_id("s1"),
+                lease(&holder, 150, 250),
+                lease_audit("s1")
+            )
+            .await
+            .unwrap(),
+        LeaseStep::Granted
+    );
+    // Nobody else records while it is live; nothing changes.
+    let head = head_count(&*store).await;
+    let mut early = completed(json!("other"));
+    early.recorded_at = Timestamp(160);
+    for who in [Some("intruder".to_owned()), None] {
+        assert_eq!(
+            store
+                .record_step_as(
+                    run_id("run-1"),
+                    step_id("s1"),
+                    early.clone(),
+                    who,
+                    vec![draft(
+                        "researcher",
+                        "step.complete",
+                        "s1",
+                        Verdict::Allow,
+                        "x"
+                    )],
+                )
+                .await
+                .unwrap(),
+            RecordStep::LeaseHeld(lease(&holder, 150, 250))
+        );
+    }
+    assert_eq!(head_count(&*store).await, head);
+    let state = store.get_run(run_id("run-1")).await.unwrap().unwrap();
+    assert!(state.outcomes.is_empty());
+    // Lapsed: another worker takes it over, and the old holder is refused.
+    assert_eq!(
+        store
+            .lease_step(
+                run_id("run-1"),
+                step_id("s1"),
+                lease("late", 250, 400),
+                lease_audit("s1")
+            )
+            .await
+            .unwrap(),
+        LeaseStep::Granted
+    );
+    let mut stale = completed(json!("stale"));
+    stale.recorded_at = Timestamp(260);
+    assert_eq!(
+        store
+            .record_step_as(
+                run_id("run-1"),
+                step_id("s1"),
+                stale,
+                Some(holder.clone()),
+                vec![]
+            )
+            .await
+            .unwrap(),
+        RecordStep::LeaseHeld(lease("late", 250, 400))
+    );
+    let mut done = completed(json!("done"));
+    done.recorded_at = Timestamp(270);
+    assert_eq!(
+        store
+            .record_step_as(
+                run_id("run-1"),
+                step_id("s1"),
+                done.clone(),
+                Some("late".into()),
+                vec![draft(
+                    "researcher",
+                    "step.complete",
+                    "s1",
+                    Verdict::Allow,
+                    "step_recorded"
+                )]
+            )
+            .await
+            .unwrap(),
+        RecordStep::Recorded
+    );
+    let state = store.get_run(run_id("run-1")).await.unwrap().unwrap();
+    assert_eq!(state.outcomes.get(&step_id("s1")), Some(&done));
+    assert!(state.leases.is_empty(), "a recorded step holds no lease");
+    assert_eq!(
+        store
+            .lease_step(
+                run_id("run-1"),
+                step_id("s1"),
+                lease("again", 300, 500),
+                lease_audit("s1")
+            )
+            .await
+            .unwrap(),
+        LeaseStep::Recorded(done)
+    );
+    // A lease that lapsed with nobody taking over: the holder still records.
+    store
+        .lease_step(
+            run_id("run-1"),
+            step_id("s2"),
+            lease("w", 10, 20),
+            lease_audit("s2"),
+        )
+        .await
+        .unwrap();
+    let mut late = completed(json!("late"));
+    late.recorded_at = Timestamp(30);
+    assert_eq!(
+        store
+            .record_step_as(
+                run_id("run-1"),
+                step_id("s2"),
+                late,
+                Some("w".into()),
+                vec![]
+            )
+            .await
+            .unwrap(),
+        RecordStep::Recorded
+    );
+    let err = store
+        .lease_step(
+            run_id("run-1"),
+            step_id("s9"),
+            lease("w", 1, 2),
+            lease_audit("s9"),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::NotFound {
+                entity: Entity::Step,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let err = store
+        .lease_step(
+            run_id("ghost"),
+            step_id("s1"),
+            lease("w", 1, 2),
+            lease_audit("s1"),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::NotFound {
+                entity: Entity::Run,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_chain(&*store).await;
+}

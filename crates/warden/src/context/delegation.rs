@@ -17,7 +17,32 @@ use crate::agents::{RegisterAgent, Registration, RegistrationRefusal};
 use crate::engine::{Caller, Engine, engine_reasons as er, ops, random_id};
 use crate::error::{EngineError, Missing};
 
+use super::escalation::BoundRequest;
 use super::*;
+
+/// The delegation request a reviewer approves: everything that shapes the
+/// child (its id, parent, declared capabilities, tools, config) and its
+/// envelope (the source run or session, the zone, the restrictions, the
+/// redaction). An imported envelope is named by its carrier session, whose
+/// id derives from the envelope's id and version.
+fn delegation_request(
+    req: &RegisterAgent,
+    options: &DelegationOptions,
+    zone: TrustZone,
+) -> BoundRequest {
+    BoundRequest::new(json!({
+        "child": req.id,
+        "parent": req.parent,
+        "capabilities": req.capabilities,
+        "tools": req.tools,
+        "config": req.config,
+        "from_run": options.from_run,
+        "from_session": options.from_session,
+        "zone": zone,
+        "restrictions": options.restrictions,
+        "redact_labels": options.redact_labels,
+    }))
+}
 
 impl<S: Store> Engine<S> {
     // ------------------------------------------------------------------
@@ -173,10 +198,14 @@ impl<S: Store> Engine<S> {
                 }));
             }
             Verdict::Escalate => {
+                // The approval binds this exact request: any other one for
+                // the same child escalates afresh.
+                let request = delegation_request(req, options, zone);
                 let target = EscalationTarget::Delegation {
                     parent: parent.clone(),
                     child: req.id.clone(),
                     from_run: options.from_run.clone(),
+                    request_digest: Some(request.digest),
                 };
                 verdict = if obligations.is_empty() {
                     Verdict::Allow
@@ -204,6 +233,7 @@ impl<S: Store> Engine<S> {
                             resource,
                             &source,
                             &cd,
+                            request,
                             now,
                         )
                         .await?;

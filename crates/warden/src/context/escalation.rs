@@ -2,19 +2,50 @@
 //! and consuming an approval exactly once.
 
 use serde_json::{Value, json};
+use warden_core::audit::Digest;
+use warden_core::canonical::to_canonical;
 use warden_core::decision::{Decision, Reason, Subject, Verdict};
 use warden_core::envelope::{ContextDecision, Envelope};
 use warden_core::ids::RunId;
 use warden_core::time::Timestamp;
 use warden_store::{
-    EscalationRecord, EscalationResolution, EscalationStatus, EscalationTarget, PutEscalation,
-    RecordStep, ResolveEscalation, StepOutcome, StepStatus, Store,
+    ConsumedEscalation, EscalationRecord, EscalationResolution, EscalationStatus, EscalationTarget,
+    PutEscalation, RecordStep, ResolveEscalation, StepOutcome, StepStatus, Store,
 };
 
 use crate::engine::{Caller, Engine, engine_reasons as er, ops, random_id};
 use crate::error::{EngineError, Missing};
 
 use super::*;
+
+/// A request as a reviewer is shown it, bound by its digest: the SHA-256 of
+/// its canonical JSON. An approval is bound to the digest (part of the
+/// escalation's target), so any other request escalates afresh.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct BoundRequest {
+    /// The request (every field that shapes what is created or run).
+    pub(crate) request: Value,
+    /// SHA-256 of its canonical JSON.
+    pub(crate) digest: Digest,
+}
+
+impl BoundRequest {
+    /// Bind `request`.
+    pub(crate) fn new(request: Value) -> Self {
+        let digest = Digest::of(&to_canonical(&request));
+        Self { request, digest }
+    }
+}
+
+/// Whether `e` binds the request it shows: a digest in its target that is
+/// the digest of its stored request. A record stored before requests were
+/// bound has neither and binds nothing.
+pub(crate) fn is_bound(e: &EscalationRecord) -> bool {
+    match (e.target.request_digest(), &e.request) {
+        (Some(digest), Some(request)) => Digest::of(&to_canonical(request)) == digest,
+        _ => false,
+    }
+}
 
 impl<S: Store> Engine<S> {
     // ------------------------------------------------------------------
@@ -40,6 +71,15 @@ impl<S: Store> Engine<S> {
             now,
         );
         let consumed = self.draft(&consumed);
+        let withdrawn = self.decision(
+            &decision.subject,
+            Verdict::Deny,
+            er::ESCALATION_WITHDRAWN,
+            ops::ESCALATION_REJECT,
+            decision.resource.clone(),
+            now,
+        );
+        let withdrawn = self.draft(&withdrawn);
         let used = self
             .inner
             .store
@@ -48,15 +88,29 @@ impl<S: Store> Engine<S> {
                 now,
                 Box::new(move |o| match o {
                     None => Vec::new(),
-                    Some(e) => {
+                    Some(ConsumedEscalation {
+                        escalation: e,
+                        withdrawn: others,
+                    }) => {
                         let who = json!({
                             "escalation_id": e.escalation_id,
                             "approved_by": e.resolved_by,
+                            "request_digest": e.target.request_digest(),
                         });
-                        vec![
+                        let mut entries = vec![
                             consumed.with_details(who.clone()),
                             proceed.with_details(who),
-                        ]
+                        ];
+                        // Other requests for the same slot can never
+                        // proceed now: withdrawn with this one.
+                        entries.extend(others.iter().map(|w| {
+                            withdrawn.clone().with_details(json!({
+                                "escalation_id": w.escalation_id,
+                                "target": w.target,
+                                "withdrawn_for": e.escalation_id,
+                            }))
+                        }));
+                        entries
                     }
                 }),
             )
@@ -78,6 +132,7 @@ impl<S: Store> Engine<S> {
         resource: String,
         envelope: &Envelope,
         cd: &ContextDecision,
+        request: BoundRequest,
         now: Timestamp,
     ) -> Result<(Decision, String), EngineError> {
         let mut d = self.decision(
@@ -101,6 +156,7 @@ impl<S: Store> Engine<S> {
             envelope_version: Some(envelope.version()),
             classification: cd.projected_sensitivity,
             obligations: d.obligations.clone(),
+            request: Some(request.request),
             status: EscalationStatus::Pending,
             created_at: now,
             resolved_by: None,
@@ -108,7 +164,10 @@ impl<S: Store> Engine<S> {
             rejection_reason: None,
             consumed_at: None,
         };
-        let draft = self.draft(&d).with_details(context_details(envelope, cd));
+        let draft = self
+            .draft(&d)
+            .with_details(context_details(envelope, cd))
+            .with_details(json!({"request_digest": request.digest}));
         let new_id = id.clone();
         let out = self
             .inner
@@ -231,6 +290,22 @@ impl<S: Store> Engine<S> {
                 escalation: current,
             });
         }
+        if matches!(resolution, EscalationResolution::Approve)
+            && current.status == EscalationStatus::Pending
+            && !is_bound(&current)
+        {
+            // Nothing says what an approval would let through: only a
+            // rejection resolves it.
+            let d = refuse(er::ESCALATION_UNBOUND);
+            self.inner
+                .store
+                .append_audit(vec![self.draft(&d).with_details(target)])
+                .await?;
+            return Ok(ReviewOutcome {
+                decision: d,
+                escalation: current,
+            });
+        }
         let allow = self.decision(
             reviewer,
             if reason == er::ESCALATION_APPROVED {
@@ -283,7 +358,9 @@ impl<S: Store> Engine<S> {
             }),
             ResolveEscalation::Resolved(e) => {
                 if e.status == EscalationStatus::Rejected
-                    && let EscalationTarget::Step { run_id, step_id } = &e.target
+                    && let EscalationTarget::Step {
+                        run_id, step_id, ..
+                    } = &e.target
                 {
                     self.deny_rejected_step(&e, run_id, step_id, now).await?;
                 }
@@ -291,6 +368,7 @@ impl<S: Store> Engine<S> {
                     && let EscalationTarget::Call {
                         session_id,
                         call_id,
+                        ..
                     } = &e.target
                 {
                     self.deny_rejected_call(
@@ -343,7 +421,10 @@ impl<S: Store> Engine<S> {
             .record_step(run_id.clone(), step_id.clone(), outcome, vec![draft])
             .await?
         {
-            RecordStep::Recorded | RecordStep::AlreadyRecorded(_) => Ok(()),
+            // A step held for review was never leased.
+            RecordStep::Recorded | RecordStep::AlreadyRecorded(_) | RecordStep::LeaseHeld(_) => {
+                Ok(())
+            }
         }
     }
 }

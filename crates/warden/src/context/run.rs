@@ -19,6 +19,7 @@ use crate::engine::{Caller, Engine, engine_reasons as er, ops};
 use crate::error::{ConflictKind, EngineError, Missing};
 use crate::tickets::Gated;
 
+use super::escalation::BoundRequest;
 use super::*;
 
 impl<S: Store> Engine<S> {
@@ -207,9 +208,20 @@ impl<S: Store> Engine<S> {
                         "a run step escalated without a context decision",
                     ));
                 };
+                // The step's arguments are fixed by the SOP; the approval
+                // still binds the run, the step and their digest.
+                let request = BoundRequest::new(json!({
+                    "run_id": run.run_id,
+                    "step_id": step.step_id,
+                    "action": step.action,
+                    "operation_id": step.operation_id,
+                    "sop_hash": run.sop_hash,
+                    "arguments": arguments,
+                }));
                 let target = EscalationTarget::Step {
                     run_id: run.run_id.clone(),
                     step_id: step.step_id.clone(),
+                    request_digest: Some(request.digest),
                 };
                 let obligations = cd.obligations.to_vec();
                 let verdict = if obligations.is_empty() {
@@ -247,6 +259,7 @@ impl<S: Store> Engine<S> {
                         resource,
                         &envelope,
                         &cd,
+                        request,
                         now,
                     )
                     .await?;

@@ -140,9 +140,12 @@ impl<S: Store> Engine<S> {
                 envelope.as_ref(),
                 &call,
             )?;
+            // The approval binds the call's action and arguments (by the
+            // digest the call record keeps too).
             let target = EscalationTarget::Call {
                 session_id: session_id.clone(),
                 call_id: call_id.clone(),
+                request_digest: Some(hash),
             };
             let mut escalation_id = None;
             if a.verdict == Verdict::Escalate {
@@ -168,8 +171,16 @@ impl<S: Store> Engine<S> {
                     a.reason = er::ESCALATION_APPROVED;
                 } else {
                     escalation_id = Some(
-                        self.hold_call(caller, target, &resource, &a, envelope.as_ref(), now)
-                            .await?,
+                        self.hold_call(
+                            caller,
+                            target,
+                            &resource,
+                            &a,
+                            envelope.as_ref(),
+                            json!({"action": call.action, "arguments": call.arguments}),
+                            now,
+                        )
+                        .await?,
                     );
                 }
             }
@@ -301,7 +312,14 @@ impl<S: Store> Engine<S> {
     }
 
     /// Hold a call for review: its pending escalation (new, or the one
-    /// already open). The escalate decision is recorded with the call.
+    /// already open), showing the call (`request`: its action and
+    /// arguments, whose digest the target binds, as the call record's
+    /// `arguments_hash` does). The escalate decision is recorded with the
+    /// call.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the escalation record is built from the call's parts"
+    )]
     async fn hold_call(
         &self,
         caller: &Caller,
@@ -309,6 +327,7 @@ impl<S: Store> Engine<S> {
         resource: &str,
         a: &Assessment,
         envelope: Option<&Envelope>,
+        request: Value,
         now: Timestamp,
     ) -> Result<String, EngineError> {
         let id = random_id("esc")?;
@@ -326,6 +345,7 @@ impl<S: Store> Engine<S> {
                 .as_ref()
                 .map_or(Sensitivity::Public, |cd| cd.projected_sensitivity),
             obligations: a.obligations.clone(),
+            request: Some(request),
             status: EscalationStatus::Pending,
             created_at: now,
             resolved_by: None,

@@ -613,7 +613,8 @@ agents:
         warden_store::forward_store!(field inner;
             load_agents, insert_agent, set_agent_status, set_agent_capabilities, insert_token,
             find_token, revoke_token, get_records, put_record, delete_record, owner_usage,
-            append_audit, audit_page, audit_head, create_run, get_run, record_step, put_envelope,
+            append_audit, audit_page, audit_head, create_run, get_run, record_step, record_step_as, lease_step,
+            put_envelope,
             get_envelope, put_escalation, get_escalation, list_escalations, resolve_escalation,
             consume_escalation, create_session, get_session, update_session, list_sessions);
 

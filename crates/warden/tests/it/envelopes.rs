@@ -658,9 +658,11 @@ async fn escalation_approval_lets_the_step_proceed_once() {
         p.target,
         EscalationTarget::Step {
             run_id: rid("run-esc"),
-            step_id: sid("export")
+            step_id: sid("export"),
+            request_digest: p.target.request_digest(),
         }
     );
+    assert!(p.target.request_digest().is_some());
     assert_eq!(p.requested_by, Caller::Agent(id("researcher")));
     assert_eq!(p.classification, Sensitivity::Restricted);
     assert_eq!(p.reason.as_str(), "sensitivity_floor");
@@ -715,12 +717,20 @@ async fn escalation_approval_lets_the_step_proceed_once() {
         e.escalation(&esc).await.unwrap().status,
         EscalationStatus::Consumed
     );
-    // Exactly once: asking again before completing escalates again.
-    let second = match begin(&e, "researcher", "run-esc", "export").await {
-        StepGate::Escalated { escalation_id, .. } => escalation_id,
+    // Exactly once: asking again before completing finds the approved
+    // attempt's lease (it is running); nothing new is held or decided.
+    match begin(&e, "researcher", "run-esc", "export").await {
+        StepGate::InProgress { decision, .. } => {
+            assert_eq!(decision.reason.as_str(), "step_in_progress");
+        }
         other => panic!("{other:?}"),
-    };
-    assert_ne!(second, esc);
+    }
+    assert!(
+        e.list_escalations(Some(EscalationStatus::Pending))
+            .await
+            .unwrap()
+            .is_empty()
+    );
     // The approved attempt completes; afterwards the step only replays.
     let out = complete(&e, "researcher", "run-esc", "export", &[]).await;
     assert_eq!(out.status, StepStatus::Completed);
@@ -728,10 +738,6 @@ async fn escalation_approval_lets_the_step_proceed_once() {
         StepGate::Replay { outcome, .. } => assert_eq!(outcome, out),
         other => panic!("{other:?}"),
     }
-    // Rejecting the stale second escalation cannot undo the recorded step.
-    e.reject_escalation(&second, &Caller::Operator, "superseded")
-        .await
-        .unwrap();
     let state = e.store().get_run(rid("run-esc")).await.unwrap().unwrap();
     assert_eq!(state.outcomes[&sid("export")].status, StepStatus::Completed);
 
@@ -1008,7 +1014,8 @@ impl Store for Yielding {
     warden_store::forward_store!(field inner before { tokio::task::yield_now().await };
         load_agents, insert_agent, set_agent_status, set_agent_capabilities, insert_token,
         find_token, revoke_token, get_records, put_record, delete_record, owner_usage,
-        append_audit, audit_page, audit_head, create_run, get_run, record_step, get_envelope,
+        append_audit, audit_page, audit_head, create_run, get_run, record_step, record_step_as,
+        lease_step, get_envelope,
         put_escalation, get_escalation, list_escalations, resolve_escalation, consume_escalation,
         create_session, get_session, get_session_head, update_session, list_sessions);
 
@@ -1424,14 +1431,12 @@ async fn escalated_delegation_waits_for_approval() {
     assert_eq!(decision.reason.as_str(), "sensitivity_floor");
     assert_eq!(e.store().load_agents().await.unwrap().len(), agents);
     let esc = e.escalation(&escalation_id).await.unwrap();
-    assert_eq!(
-        esc.target,
-        EscalationTarget::Delegation {
-            parent: id("researcher"),
-            child: id("vendor"),
-            from_run: Some(rid("run-deleg")),
-        }
-    );
+    assert!(matches!(
+        &esc.target,
+        EscalationTarget::Delegation { parent, child, from_run, request_digest: Some(_) }
+            if *parent == id("researcher") && *child == id("vendor")
+                && *from_run == Some(rid("run-deleg"))
+    ));
     e.approve_escalation(&escalation_id, &Caller::Operator)
         .await
         .unwrap();
@@ -1461,6 +1466,316 @@ async fn escalated_delegation_waits_for_approval() {
         .await
         .unwrap();
     assert!(matches!(err, Registration::Escalated { .. }));
+}
+
+/// A run of `researcher` whose envelope holds a `restricted` label: an
+/// external delegation from it escalates.
+async fn restricted_source(e: &Engine<MemoryStore>, run: &str) {
+    admit(e, "researcher", run, &[("collect", "artifact.save")]).await;
+    run_step(e, "researcher", run, "collect", &["special_category"]).await;
+}
+
+/// The narrow delegation a reviewer approves: one capability, a declared
+/// restriction, redacted labels.
+fn narrow(run: &str) -> (RegisterAgent, DelegationOptions) {
+    (
+        child("vendor", &["artifact.save"]),
+        DelegationOptions {
+            from_run: Some(rid(run)),
+            zone: Some(TrustZone::External),
+            restrictions: ls(&["no_external_export"]),
+            redact_labels: true,
+            ..DelegationOptions::default()
+        },
+    )
+}
+
+/// The wide delegation of the same child id: every capability, no
+/// restriction, no redaction, a config.
+fn wide(run: &str) -> (RegisterAgent, DelegationOptions) {
+    let mut req = child(
+        "vendor",
+        &[
+            "memory.read",
+            "memory.write",
+            "document.summarize",
+            "artifact.save",
+            "report.export",
+            "crm.lookup",
+            "analytics.usage",
+        ],
+    );
+    req.config = Some(json!({"model": "any"}));
+    (
+        req,
+        DelegationOptions {
+            from_run: Some(rid(run)),
+            zone: Some(TrustZone::External),
+            ..DelegationOptions::default()
+        },
+    )
+}
+
+async fn delegate(
+    e: &Engine<MemoryStore>,
+    (req, options): (RegisterAgent, DelegationOptions),
+) -> Registration {
+    e.delegate_with(&id("researcher"), req, options)
+        .await
+        .unwrap()
+}
+
+fn escalated(r: Registration) -> String {
+    match r {
+        Registration::Escalated { escalation_id, .. } => escalation_id,
+        other => panic!("expected an escalation: {other:?}"),
+    }
+}
+
+/// The attack: a reviewer approves a narrow delegation; the same child id
+/// asked for with every capability, no restriction and no redaction does
+/// not ride on that approval. It escalates afresh (its own escalation,
+/// showing its own request) and creates nothing; the narrow request then
+/// proceeds once, and the wide one's escalation is withdrawn with it.
+#[tokio::test]
+async fn an_approval_binds_the_exact_request_reviewed() {
+    let e = lab_with(&escalating_policy()).await;
+    restricted_source(&e, "run-bind").await;
+    let agents = e.store().load_agents().await.unwrap().len();
+    let narrow_id = escalated(delegate(&e, narrow("run-bind")).await);
+    e.approve_escalation(&narrow_id, &Caller::Operator)
+        .await
+        .unwrap();
+
+    let head = e.store().audit_head().await.unwrap().count;
+    let wide_id = escalated(delegate(&e, wide("run-bind")).await);
+    assert_ne!(wide_id, narrow_id);
+    assert_eq!(e.store().load_agents().await.unwrap().len(), agents);
+    assert!(e.agent(&id("vendor")).is_err(), "nothing was created");
+    // The approval is untouched and the wide request waits on its own.
+    assert_eq!(
+        e.escalation(&narrow_id).await.unwrap().status,
+        EscalationStatus::Approved
+    );
+    let wide_esc = e.escalation(&wide_id).await.unwrap();
+    assert_eq!(wide_esc.status, EscalationStatus::Pending);
+    let shown = wide_esc.request.clone().unwrap();
+    assert_eq!(shown["capabilities"].as_array().unwrap().len(), 7);
+    assert_eq!(shown["restrictions"], json!([]));
+    assert_eq!(shown["redact_labels"], json!(false));
+    assert_eq!(shown["zone"], json!("external"));
+    assert_eq!(shown["config"], json!({"model": "any"}));
+    let entries = audit(&e).await;
+    let after: Vec<&AuditEntry> = entries.iter().filter(|x| x.seq >= head).collect();
+    assert!(
+        !after
+            .iter()
+            .any(|x| x.draft.reason.as_str() == "escalation_consumed"),
+        "the wide request consumed nothing"
+    );
+
+    // The narrow request proceeds, once, exactly as reviewed.
+    let view = delegate(&e, narrow("run-bind")).await.registered().unwrap();
+    assert_eq!(
+        view.declared_capabilities,
+        vec![ActionName::parse("artifact.save").unwrap()]
+    );
+    let env = e
+        .envelope(view.envelope_id.as_ref().unwrap(), None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(env.restrictions.contains(&l("no_external_export")));
+    assert_eq!(
+        e.escalation(&narrow_id).await.unwrap().status,
+        EscalationStatus::Consumed
+    );
+    // The wide request can never proceed now: withdrawn in the same
+    // transaction, recorded.
+    let wide_esc = e.escalation(&wide_id).await.unwrap();
+    assert_eq!(wide_esc.status, EscalationStatus::Rejected);
+    assert_eq!(
+        wide_esc.rejection_reason.as_deref(),
+        Some("escalation_withdrawn")
+    );
+    assert!(audit(&e).await.iter().any(|x| {
+        x.draft.reason.as_str() == "escalation_withdrawn"
+            && x.draft.details["escalation_id"] == json!(wide_id)
+            && x.draft.details["withdrawn_for"] == json!(narrow_id)
+    }));
+    assert!(
+        e.list_escalations(Some(EscalationStatus::Pending))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Once: the same request again is refused (the child exists).
+    assert!(matches!(
+        delegate(&e, narrow("run-bind")).await,
+        Registration::Refused { .. }
+    ));
+    assert!(verify(&e).await > 0);
+}
+
+/// The reviewer is shown every field of the request, and the target's
+/// digest is the SHA-256 of that request's canonical JSON.
+#[tokio::test]
+async fn the_escalation_shows_every_field_of_the_request() {
+    let e = lab_with(&escalating_policy()).await;
+    restricted_source(&e, "run-show").await;
+    let id_ = escalated(delegate(&e, narrow("run-show")).await);
+    let esc = e.escalation(&id_).await.unwrap();
+    let request = esc.request.clone().unwrap();
+    assert_eq!(
+        request,
+        json!({
+            "child": "vendor",
+            "parent": "researcher",
+            "capabilities": ["artifact.save"],
+            "tools": null,
+            "config": null,
+            "from_run": "run-show",
+            "from_session": null,
+            "zone": "external",
+            "restrictions": ["no_external_export"],
+            "redact_labels": true,
+        })
+    );
+    let digest = warden_core::audit::Digest::of(&warden_core::canonical::to_canonical(&request));
+    assert_eq!(esc.target.request_digest(), Some(digest));
+    // A step's escalation shows the run, step, action and arguments.
+    let step_esc = escalate_export(&e, "run-show-step").await;
+    let step_esc = e.escalation(&step_esc).await.unwrap();
+    let r = step_esc.request.clone().unwrap();
+    assert_eq!(r["run_id"], json!("run-show-step"));
+    assert_eq!(r["action"], json!("report.export"));
+    assert!(r.get("arguments").is_some_and(Value::is_object));
+    assert_eq!(
+        step_esc.target.request_digest(),
+        Some(warden_core::audit::Digest::of(
+            &warden_core::canonical::to_canonical(&r)
+        ))
+    );
+}
+
+/// N concurrent delegations of one approved request: exactly one child is
+/// created, the approval is consumed once and no pending escalation is
+/// left behind.
+#[tokio::test]
+async fn concurrent_delegations_of_one_approval_create_one_child() {
+    let e = lab_with(&escalating_policy()).await;
+    restricted_source(&e, "run-race").await;
+    let esc = escalated(delegate(&e, narrow("run-race")).await);
+    // A competing request for the same child waits too.
+    let other = escalated(delegate(&e, wide("run-race")).await);
+    e.approve_escalation(&esc, &Caller::Operator).await.unwrap();
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let e = e.clone();
+            tokio::spawn(async move {
+                let (req, options) = narrow("run-race");
+                e.delegate_with(&id("researcher"), req, options)
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut registered = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Registration::Registered { .. } => registered += 1,
+            Registration::Refused { .. } => {}
+            Registration::Escalated { escalation_id, .. } => {
+                panic!("left an escalation behind: {escalation_id}")
+            }
+        }
+    }
+    assert_eq!(registered, 1);
+    let vendors = e
+        .store()
+        .load_agents()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|a| a.id == id("vendor"))
+        .count();
+    assert_eq!(vendors, 1);
+    assert!(
+        e.list_escalations(Some(EscalationStatus::Pending))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        e.escalation(&other).await.unwrap().status,
+        EscalationStatus::Rejected
+    );
+    let consumed = audit(&e)
+        .await
+        .iter()
+        .filter(|x| x.draft.reason.as_str() == "escalation_consumed")
+        .count();
+    assert_eq!(consumed, 1);
+}
+
+/// An escalation stored before requests were bound (no digest, no
+/// request) cannot be approved (refused, recorded, nothing changes) and no
+/// request matches it: the request escalates afresh, and once that one is
+/// approved and used, the old one is withdrawn.
+#[tokio::test]
+async fn an_unbound_escalation_is_never_approvable() {
+    let e = lab_with(&escalating_policy()).await;
+    restricted_source(&e, "run-old").await;
+    // What an earlier version stored: the target without a digest.
+    let fresh = escalated(delegate(&e, narrow("run-old")).await);
+    let mut old = e.escalation(&fresh).await.unwrap();
+    e.reject_escalation(&fresh, &Caller::Operator, "set aside")
+        .await
+        .unwrap();
+    old.escalation_id = "esc-legacy".into();
+    old.request = None;
+    if let EscalationTarget::Delegation { request_digest, .. } = &mut old.target {
+        *request_digest = None;
+    }
+    e.store()
+        .put_escalation(old.clone(), Box::new(|_| Vec::new()))
+        .await
+        .unwrap();
+    // Its stored form has no digest at all (as an old record's has not).
+    let text = serde_json::to_string(&old.target).unwrap();
+    assert!(!text.contains("request_digest"), "{text}");
+
+    let head = e.store().audit_head().await.unwrap().count;
+    let out = e
+        .approve_escalation("esc-legacy", &Caller::Operator)
+        .await
+        .unwrap();
+    assert_eq!(out.decision.verdict, Verdict::Deny);
+    assert_eq!(out.decision.reason.as_str(), "escalation_unbound");
+    assert_eq!(
+        e.escalation("esc-legacy").await.unwrap(),
+        old,
+        "nothing changed"
+    );
+    let entries = audit(&e).await;
+    assert_eq!(entries.len() as u64, head + 1);
+    assert_eq!(
+        entries.last().unwrap().draft.reason.as_str(),
+        "escalation_unbound"
+    );
+    // The request escalates afresh rather than matching the old record.
+    let new_id = escalated(delegate(&e, narrow("run-old")).await);
+    assert_ne!(new_id, "esc-legacy");
+    e.approve_escalation(&new_id, &Caller::Operator)
+        .await
+        .unwrap();
+    delegate(&e, narrow("run-old")).await.registered().unwrap();
+    let legacy = e.escalation("esc-legacy").await.unwrap();
+    assert_eq!(legacy.status, EscalationStatus::Rejected);
+    assert_eq!(
+        legacy.rejection_reason.as_deref(),
+        Some("escalation_withdrawn")
+    );
 }
 
 /// Envelopes stored outside the narrowing path (a record restored under

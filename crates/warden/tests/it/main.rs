@@ -11,6 +11,7 @@ mod access;
 mod adversarial;
 mod envelopes;
 mod grants;
+mod leases;
 mod lockdown;
 mod model;
 mod nodes;

@@ -45,7 +45,8 @@ impl Store for Counting {
     warden_store::forward_store!(field inner;
         load_agents, insert_agent, set_agent_status, set_agent_capabilities, insert_token,
         find_token, revoke_token, get_records, put_record, delete_record, owner_usage,
-        append_audit, audit_page, audit_head, create_run, get_run, record_step, get_envelope,
+        append_audit, audit_page, audit_head, create_run, get_run, record_step, record_step_as,
+        lease_step, get_envelope,
         put_escalation, get_escalation, list_escalations, resolve_escalation,
         consume_escalation, get_session, get_session_head, update_session, list_sessions);
 }

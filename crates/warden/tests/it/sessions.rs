@@ -210,8 +210,13 @@ async fn an_injected_recipient_escalates_while_the_users_own_passes() {
         pending[0].target,
         EscalationTarget::Call {
             session_id: s.clone(),
-            call_id: cid("c1")
+            call_id: cid("c1"),
+            request_digest: Some(attack.call.arguments_hash),
         }
+    );
+    assert_eq!(
+        pending[0].request.as_ref().map(|r| r["action"].clone()),
+        Some(json!(attack.call.action))
     );
     // The user's own recipient, typed in another case, passes.
     let rent = call(
