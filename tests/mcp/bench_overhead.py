@@ -152,34 +152,49 @@ def raw_stdio(n, env):
 def raw_http(n, url, tool, token=None):
     u = httpx.URL(url)
     conn = http.client.HTTPConnection(u.host, u.port, timeout=60)
+    conn.connect()
+    # Headers and body go out in two writes: no Nagle delay between them.
+    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     headers = {"content-type": "application/json",
                "accept": "application/json, text/event-stream"}
     if token:
         headers["authorization"] = f"Bearer {token}"
 
     def post(msg):
+        """Send `msg`; its answer as soon as it is read (the rest of the
+        body, the end of the event stream, is drained after)."""
         conn.request("POST", u.raw_path.decode(), json.dumps(msg), headers)
         resp = conn.getresponse()
-        body = resp.read().decode()
         sid = resp.getheader("mcp-session-id")
         if sid:
             headers["mcp-session-id"] = sid
-        if resp.status == 202 or not body.strip():
-            return None
+        answer = None
         if resp.getheader("content-type", "").startswith("text/event-stream"):
-            data = [line[5:].strip() for line in body.splitlines() if line.startswith("data:")]
-            msgs = [json.loads(d) for d in data if d]
-            return next(m for m in msgs if m.get("id") == msg.get("id"))
-        return json.loads(body)
+            while answer is None:
+                line = resp.readline()
+                if not line:
+                    break
+                if line.startswith(b"data:") and line[5:].strip():
+                    m = json.loads(line[5:])
+                    if m.get("id") == msg.get("id"):
+                        answer = m
+            return answer, resp
+        body = resp.read()
+        return (json.loads(body) if body.strip() else None), None
 
-    post(INIT)
+    def drain(resp):
+        if resp is not None:
+            resp.read()
+
+    drain(post(INIT)[1])
     headers["mcp-protocol-version"] = "2025-06-18"
-    post(INITIALIZED)
+    drain(post(INITIALIZED)[1])
     out = []
     for i in range(1, WARMUP + n + 1):
         t = time.perf_counter()
-        r = post(call(i, tool))
+        r, rest = post(call(i, tool))
         out.append(time.perf_counter() - t)
+        drain(rest)
         assert not r["result"].get("isError"), r
     conn.close()
     return out[WARMUP:]
@@ -260,7 +275,10 @@ def main():
             upstream.wait(timeout=30)
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=30)
-        timings = TIMING.findall(err_path.read_text())[before:]
+        text = err_path.read_text()
+        timings = TIMING.findall(text)[before:]
+        if not timings:
+            print("no timings in the server's log; its end:\n" + text[-2000:])
     ms = lambda s: s * 1000  # noqa: E731
     load = os.getloadavg()
     print(f"calls per row: {n} (after {WARMUP} warm-up calls); store {args.database}; "

@@ -572,6 +572,30 @@ class GatewayTest(unittest.TestCase):
         self.assertFalse(after.isError, text_of(after))
         self.assertEqual([c["arguments"]["text"] for c in self.calls("note")], ["before", "after"])
 
+    # ----- resources and prompts -----
+
+    def test_resources_and_prompts_are_refused_and_not_declared(self):
+        from mcp.shared.exceptions import McpError
+
+        async def work(s):
+            caps = s.get_server_capabilities()
+            errors = []
+            for ask in (s.list_resources, s.list_prompts,
+                        lambda: s.read_resource("file:///etc/passwd"),
+                        lambda: s.get_prompt("any")):
+                try:
+                    await ask()
+                    errors.append(None)
+                except McpError as e:
+                    errors.append(e.error.code)
+            return caps, errors
+
+        caps, errors = self.mcp(self.assistant_token, work)
+        self.assertIsNone(caps.resources)
+        self.assertIsNone(caps.prompts)
+        self.assertTrue(caps.tools.listChanged)
+        self.assertEqual(errors, [-32601] * 4, "method not found, each")
+
     # ----- identity -----
 
     def test_a_client_claiming_another_identity_gains_nothing(self):

@@ -12,7 +12,7 @@ use rmcp::{Peer, RoleServer};
 use serde_json::{Map, Value, json};
 use warden::{CallResult, Caller, Engine, EngineError, OpenSession, ProposedCall, SessionOpening};
 use warden_core::canonical::to_canonical;
-use warden_core::decision::Verdict;
+use warden_core::decision::{Obligation, Verdict};
 use warden_core::ids::{ActionName, AgentId, CallId, SessionId};
 use warden_core::lockdown::{BLOCK_WRITE_TAG, is_write_surface_tool_name};
 use warden_core::mcp::split_action;
@@ -91,6 +91,30 @@ fn recorded_form(result: &CallToolResult) -> Value {
     } else {
         serde_json::to_value(&result.content).unwrap_or(Value::Null)
     }
+}
+
+/// The labels a `constrain`'s obligations require the recorded result to
+/// carry that it does not (empty: every obligation that applies to a tool
+/// call is met). `ResultLabels` applies: the engine adds the labels when
+/// it records the result, and the gateway returns a result only once they
+/// are on its record. `InheritRestrictions` binds the agents delegated
+/// from this session, not the call: the engine applies it on every
+/// delegation path. The match has no catch-all: an obligation added later
+/// fails to compile here until the gateway says how it is enforced.
+fn unmet_result_labels(
+    obligations: &[Obligation],
+    recorded: &[warden_core::ids::Label],
+) -> Vec<warden_core::ids::Label> {
+    let mut missing = Vec::new();
+    for o in obligations {
+        match o {
+            Obligation::ResultLabels { labels } => {
+                missing.extend(labels.iter().filter(|l| !recorded.contains(l)).cloned());
+            }
+            Obligation::InheritRestrictions { .. } => {}
+        }
+    }
+    missing
 }
 
 impl<S: Store + 'static> Gateway<S> {
@@ -460,7 +484,8 @@ impl<S: Store + 'static> Gateway<S> {
         } else {
             recorded_form(&result)
         };
-        self.engine
+        let done = self
+            .engine
             .record_call_result(
                 &caller,
                 session,
@@ -472,6 +497,16 @@ impl<S: Store + 'static> Gateway<S> {
                 },
             )
             .await?;
+        let missing = unmet_result_labels(&answer.decision.obligations, &done.call.result_labels);
+        if !missing.is_empty() {
+            // Fail closed: a result that does not carry the labels its
+            // constrain requires is not handed on.
+            return Ok(tool_error(
+                format!("the result was withheld: its record lacks the labels its constrain requires ({missing:?})"),
+                json!({"verdict": "constrain", "error": "obligation_unmet", "call_id": call_id,
+                       "missing_labels": missing}),
+            ));
+        }
         tracing::debug!(
             target: "warden_mcp::timing",
             gate_us = micros(decided.duration_since(started)),
@@ -568,6 +603,30 @@ mod tests {
 
     fn result(v: Value) -> CallToolResult {
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_result_is_handed_on_only_with_the_labels_its_constrain_requires() {
+        let l = |s: &str| warden_core::ids::Label::parse(s).unwrap();
+        let obligations = vec![
+            Obligation::ResultLabels {
+                labels: vec![l("pii"), l("finance")],
+            },
+            Obligation::InheritRestrictions {
+                restrictions: vec![l("no_export")],
+            },
+        ];
+        assert_eq!(
+            unmet_result_labels(&obligations, &[l("pii"), l("finance"), l("x")]),
+            Vec::new()
+        );
+        assert_eq!(
+            unmet_result_labels(&obligations, &[l("pii")]),
+            vec![l("finance")]
+        );
+        assert_eq!(unmet_result_labels(&[], &[]), Vec::new());
+        // A restriction to inherit binds delegation, not the call's result.
+        assert_eq!(unmet_result_labels(&obligations[1..], &[]), Vec::new());
     }
 
     #[test]
