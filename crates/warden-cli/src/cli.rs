@@ -130,8 +130,13 @@ enum PolicyCommand {
     Init {
         /// The server's name in the bundle (tool `T` becomes action
         /// `NAME.T`), for a server launched by COMMAND.
-        #[arg(long, value_name = "NAME", required_unless_present = "mcp_url",
-              conflicts_with = "mcp_url", requires = "command")]
+        #[arg(
+            long,
+            value_name = "NAME",
+            required_unless_present = "mcp_url",
+            conflicts_with = "mcp_url",
+            requires = "command"
+        )]
         mcp: Option<String>,
         /// The server's name and the URL of a streamable-HTTP server.
         #[arg(long, num_args = 2, value_names = ["NAME", "URL"])]

@@ -502,7 +502,9 @@ impl<S: Store + 'static> Gateway<S> {
             // Fail closed: a result that does not carry the labels its
             // constrain requires is not handed on.
             return Ok(tool_error(
-                format!("the result was withheld: its record lacks the labels its constrain requires ({missing:?})"),
+                format!(
+                    "the result was withheld: its record lacks the labels its constrain requires ({missing:?})"
+                ),
                 json!({"verdict": "constrain", "error": "obligation_unmet", "call_id": call_id,
                        "missing_labels": missing}),
             ));

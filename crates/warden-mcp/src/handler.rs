@@ -113,11 +113,11 @@ impl<S: Store + 'static> ServerHandler for GatewayHandler<S> {
                 .enable_tool_list_changed()
                 .build(),
         )
-            .with_server_info(Implementation::new("warden", env!("CARGO_PKG_VERSION")))
-            .with_instructions(
-                "Warden MCP gateway: the tools listed are those your agent may use; \
+        .with_server_info(Implementation::new("warden", env!("CARGO_PKG_VERSION")))
+        .with_instructions(
+            "Warden MCP gateway: the tools listed are those your agent may use; \
                  every call is decided by Warden before it reaches the tool.",
-            )
+        )
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {

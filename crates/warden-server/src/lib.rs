@@ -72,7 +72,16 @@ pub async fn serve<S: Store>(
     state: AppState<S>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use axum::serve::ListenerExt as _;
     let app = router(state);
+    // No Nagle delay: an answer written in pieces (headers, then the
+    // events of a stream such as an MCP answer) is not held back waiting
+    // for the client's delayed acknowledgement (about 40 ms on loopback).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set");
+        }
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
