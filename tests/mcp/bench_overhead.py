@@ -1,24 +1,40 @@
-"""Gateway overhead per ``tools/call``: the same upstream tool called directly
-(the MCP Python SDK's stdio client to ``mail_server.py``) and through
-``warden serve``'s ``/mcp`` (streamable HTTP on loopback, the session gate,
-the result recorded, the same upstream over stdio). Prints p50 and p99 of
-each and of the difference of the medians, with the machine's load.
+"""Gateway overhead per ``tools/call``: the same tool of the same upstream
+(``mail_server.py``, the official MCP Python SDK's FastMCP) called
+
+- directly over stdio,
+- directly over streamable HTTP (the same server run with ``MCP_PORT``),
+- through ``warden serve``'s ``/mcp`` (streamable HTTP on loopback; the call
+  decided by the session gate, forwarded to the upstream over stdio, its
+  result recorded),
+
+each by two clients: the official SDK's client (``sdk``), and a minimal
+client (``raw``: JSON-RPC lines on stdio, one keep-alive HTTP connection
+reading the SSE answer), so the clients' own cost is visible. The gateway's
+overhead is the ``/mcp`` row minus the direct stdio row of the same client.
+Warden's own share is also read from its log (``warden_mcp::timing`` at
+debug): per call, the time to decide it, the upstream round trip and the
+time to record its result.
 
     target/mcp-venv/bin/python tests/mcp/bench_overhead.py [--calls N] [--warden BIN]
+        [--database URL]
 
 Use a release binary (``cargo build --release -p warden-cli``) for numbers.
+``--database`` defaults to ``memory://``; ``sqlite://PATH`` measures the
+durable store with the settings ``warden serve`` uses.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import logging
 import os
+import re
 import secrets
 import signal
-import statistics
+import socket
 import subprocess
 import sys
 import tempfile
@@ -50,13 +66,17 @@ agents:
   - {{id: bench, capabilities: [mail.read_inbox]}}
 """
 
+WARMUP = 20
+
 
 def pct(samples, p):
     s = sorted(samples)
     return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
 
 
-async def timed(session, tool, n):
+# ----- the SDK's client -----
+
+async def sdk_timed(session, tool, n):
     out = []
     for _ in range(n):
         t = time.perf_counter()
@@ -66,47 +86,172 @@ async def timed(session, tool, n):
     return out
 
 
-async def direct(n, log):
+async def sdk_stdio(n, env):
     params = StdioServerParameters(command=sys.executable, args=[str(HERE / "mail_server.py")],
-                                   env={"CALL_LOG": log, "PATH": os.environ.get("PATH", "")})
+                                   env=env)
     with open(os.devnull, "w") as quiet:
-        return await _direct(params, n, quiet)
+        async with stdio_client(params, errlog=quiet) as (r, w):
+            async with ClientSession(r, w) as s:
+                await s.initialize()
+                await sdk_timed(s, "read_inbox", WARMUP)
+                return await sdk_timed(s, "read_inbox", n)
 
 
-async def _direct(params, n, quiet):
-    async with stdio_client(params, errlog=quiet) as (r, w):
-        async with ClientSession(r, w) as s:
-            await s.initialize()
-            await timed(s, "read_inbox", 20)
-            return await timed(s, "read_inbox", n)
-
-
-async def gateway(n, url, token):
-    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
+async def sdk_http(n, url, tool, token=None):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with httpx.AsyncClient(headers=headers, timeout=60) as http:
         async with streamable_http_client(url, http_client=http) as (r, w, _):
             async with ClientSession(r, w) as s:
                 await s.initialize()
-                await timed(s, "mail.read_inbox", 20)
-                return await timed(s, "mail.read_inbox", n)
+                await sdk_timed(s, tool, WARMUP)
+                return await sdk_timed(s, tool, n)
+
+
+# ----- a minimal client -----
+
+INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {},
+    "clientInfo": {"name": "bench", "version": "0"}}}
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+
+
+def call(i, tool):
+    return {"jsonrpc": "2.0", "id": i, "method": "tools/call",
+            "params": {"name": tool, "arguments": {}}}
+
+
+def raw_stdio(n, env):
+    p = subprocess.Popen([sys.executable, str(HERE / "mail_server.py")], env=env,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, bufsize=0)
+
+    def rpc(msg):
+        p.stdin.write((json.dumps(msg) + "\n").encode())
+        if "id" not in msg:
+            return None
+        while True:
+            line = json.loads(p.stdout.readline())
+            if line.get("id") == msg["id"]:
+                return line
+
+    try:
+        rpc(INIT)
+        rpc(INITIALIZED)
+        out = []
+        for i in range(1, WARMUP + n + 1):
+            t = time.perf_counter()
+            r = rpc(call(i, "read_inbox"))
+            out.append(time.perf_counter() - t)
+            assert not r["result"].get("isError"), r
+        return out[WARMUP:]
+    finally:
+        p.stdin.close()
+        p.wait(timeout=30)
+
+
+def raw_http(n, url, tool, token=None):
+    u = httpx.URL(url)
+    conn = http.client.HTTPConnection(u.host, u.port, timeout=60)
+    conn.connect()
+    # Headers and body go out in two writes: no Nagle delay between them.
+    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    headers = {"content-type": "application/json",
+               "accept": "application/json, text/event-stream"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+
+    def post(msg):
+        """Send `msg`; its answer as soon as it is read (the rest of the
+        body, the end of the event stream, is drained after)."""
+        conn.request("POST", u.raw_path.decode(), json.dumps(msg), headers)
+        resp = conn.getresponse()
+        sid = resp.getheader("mcp-session-id")
+        if sid:
+            headers["mcp-session-id"] = sid
+        answer = None
+        if resp.getheader("content-type", "").startswith("text/event-stream"):
+            while answer is None:
+                line = resp.readline()
+                if not line:
+                    break
+                if line.startswith(b"data:") and line[5:].strip():
+                    m = json.loads(line[5:])
+                    if m.get("id") == msg.get("id"):
+                        answer = m
+            return answer, resp
+        body = resp.read()
+        return (json.loads(body) if body.strip() else None), None
+
+    def drain(resp):
+        if resp is not None:
+            resp.read()
+
+    drain(post(INIT)[1])
+    headers["mcp-protocol-version"] = "2025-06-18"
+    drain(post(INITIALIZED)[1])
+    out = []
+    for i in range(1, WARMUP + n + 1):
+        t = time.perf_counter()
+        r, rest = post(call(i, tool))
+        out.append(time.perf_counter() - t)
+        drain(rest)
+        assert not r["result"].get("isError"), r
+    conn.close()
+    return out[WARMUP:]
+
+
+# ----- processes -----
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_upstream(env):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(HERE / "mail_server.py")],
+                            env=dict(env, MCP_PORT=str(port)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(300):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, f"http://127.0.0.1:{port}/mcp"
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("the HTTP upstream did not start")
+
+
+TIMING = re.compile(r"gate_us=(\d+) upstream_us=(\d+) record_us=(\d+)")
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--calls", type=int, default=500)
+    ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--warden", default=str(REPO / "target" / "release" / "warden"))
+    ap.add_argument("--database", default="memory://")
     args = ap.parse_args()
+    n = args.calls
+    rows = {}
     with tempfile.TemporaryDirectory() as d:
         log = str(Path(d) / "calls.jsonl")
+        env = {"CALL_LOG": log, "PATH": os.environ.get("PATH", "")}
         policy = Path(d) / "policy.yaml"
         policy.write_text(POLICY.format(python=json.dumps(sys.executable),
                                         server=json.dumps(str(HERE / "mail_server.py")),
                                         log=json.dumps(log)))
+        database = args.database.replace("TMP", d)
         op = "op-" + secrets.token_hex(24)
-        proc = subprocess.Popen(
-            [args.warden, "serve", "--database", "memory://", "--listen", "127.0.0.1:0",
-             "--policy", str(policy)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env=dict(os.environ, WARDEN_OPERATOR_TOKEN=op, WARDEN_LOG="error"))
+        err_path = Path(d) / "warden.log"
+        with open(err_path, "w") as err:
+            proc = subprocess.Popen(
+                [args.warden, "serve", "--database", database, "--listen", "127.0.0.1:0",
+                 "--policy", str(policy)],
+                stdout=subprocess.PIPE, stderr=err, text=True,
+                env=dict(os.environ, WARDEN_OPERATOR_TOKEN=op,
+                         WARDEN_LOG="error,warden_mcp::timing=debug", NO_COLOR="1"))
+        upstream, upstream_url = http_upstream(env)
         try:
             base = None
             for line in proc.stdout:
@@ -115,20 +260,42 @@ def main():
                     break
             assert base, "server did not start"
             token = WardenClient(base, op).issue_token("bench")["token"]
-            d_samples = asyncio.run(direct(args.calls, log))
-            g_samples = asyncio.run(gateway(args.calls, base + "/mcp", token))
+            mcp_url = base + "/mcp"
+            # Interleaved, so drifting load touches every row alike.
+            rows["sdk  direct stdio"] = asyncio.run(sdk_stdio(n, env))
+            rows["raw  direct stdio"] = raw_stdio(n, env)
+            rows["sdk  direct streamable HTTP"] = asyncio.run(sdk_http(n, upstream_url, "read_inbox"))
+            rows["raw  direct streamable HTTP"] = raw_http(n, upstream_url, "read_inbox")
+            before = len(TIMING.findall(err_path.read_text()))
+            rows["sdk  through warden /mcp"] = asyncio.run(
+                sdk_http(n, mcp_url, "mail.read_inbox", token))
+            rows["raw  through warden /mcp"] = raw_http(n, mcp_url, "mail.read_inbox", token)
         finally:
+            upstream.kill()
+            upstream.wait(timeout=30)
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=30)
+        text = err_path.read_text()
+        timings = TIMING.findall(text)[before:]
+        if not timings:
+            print("no timings in the server's log; its end:\n" + text[-2000:])
     ms = lambda s: s * 1000  # noqa: E731
     load = os.getloadavg()
-    print(f"calls per path: {args.calls}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
-          f"{os.cpu_count()} cpus")
-    for name, s in (("direct (stdio)", d_samples), ("through warden /mcp", g_samples)):
-        print(f"{name:22} p50 {ms(pct(s, 50)):7.3f} ms   p99 {ms(pct(s, 99)):7.3f} ms   "
-              f"mean {ms(statistics.mean(s)):7.3f} ms")
-    print(f"{'overhead':22} p50 {ms(pct(g_samples, 50) - pct(d_samples, 50)):7.3f} ms   "
-          f"p99 {ms(pct(g_samples, 99) - pct(d_samples, 99)):7.3f} ms")
+    print(f"calls per row: {n} (after {WARMUP} warm-up calls); store {args.database}; "
+          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {os.cpu_count()} cpus")
+    for name, s in rows.items():
+        print(f"{name:30} p50 {ms(pct(s, 50)):7.3f} ms   p99 {ms(pct(s, 99)):7.3f} ms")
+    for client in ("sdk", "raw"):
+        g = rows[f"{client}  through warden /mcp"]
+        dr = rows[f"{client}  direct stdio"]
+        print(f"{client}  overhead (/mcp - direct stdio)   p50 {ms(pct(g, 50) - pct(dr, 50)):7.3f} ms"
+              f"   p99 {ms(pct(g, 99) - pct(dr, 99)):7.3f} ms")
+    if timings:
+        for i, name in enumerate(("decide (session gate, stored)", "upstream round trip (stdio)",
+                                  "record the result (stored)")):
+            us = [int(t[i]) for t in timings]
+            print(f"warden: {name:32} p50 {pct(us, 50) / 1000:7.3f} ms   "
+                  f"p99 {pct(us, 99) / 1000:7.3f} ms   ({len(us)} calls)")
 
 
 if __name__ == "__main__":

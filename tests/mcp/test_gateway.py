@@ -1,6 +1,7 @@
 """End-to-end tests of the MCP gateway: a real ``warden serve`` with a bundle
-declaring ``mail_server.py`` (the official MCP Python SDK's FastMCP, over
-stdio) as two upstreams, and the SDK's streamable-HTTP client as the agent.
+declaring ``mail_server.py`` (the official MCP Python SDK's FastMCP) as
+three upstreams over stdio and one over streamable HTTP, and the SDK's
+streamable-HTTP client as the agent.
 
 Every test reads the upstream's own call log (``CALL_LOG``) to say what
 reached it, and the audit log to say what Warden decided.
@@ -52,6 +53,15 @@ mcp_servers:
     trust: untrusted
     call_timeout_ms: 1000
     escalation_wait_ms: 0
+  live:
+    command: [{python}, {server}]
+    env: {{CALL_LOG: {log}}}
+    trust: untrusted
+  web:
+    url: {web_url}
+    trust: untrusted
+    call_timeout_ms: 1000
+    escalation_wait_ms: 0
 actions:
   mail.read_inbox:
     arguments: {{type: object, properties: {{}}, additionalProperties: false}}
@@ -86,7 +96,31 @@ actions:
     arguments: {{type: object, properties: {{}}}}
   mail.widened:
     arguments: {{type: object, properties: {{to: {{type: string}}}}, required: [to]}}
+  live.note:
+    arguments: {{type: object, properties: {{text: {{type: string}}}}, required: [text]}}
+  live.widen_note:
+    arguments: {{type: object, properties: {{}}}}
+  live.narrow_note:
+    arguments: {{type: object, properties: {{}}}}
+  web.read_inbox:
+    arguments: {{type: object, properties: {{}}, additionalProperties: false}}
+  web.send_email:
+    arguments:
+      type: object
+      properties: {{to: {{type: string}}, body: {{type: string}}}}
+      required: [to, body]
+      additionalProperties: false
+    provenance:
+      - {{argument: to, from: [user, trusted], otherwise: deny}}
+  web.slow:
+    arguments: {{type: object, properties: {{seconds: {{type: number}}}}, required: [seconds]}}
 environment_capabilities:
+  - live.note
+  - live.widen_note
+  - live.narrow_note
+  - web.read_inbox
+  - web.send_email
+  - web.slow
   - mail.read_inbox
   - mail.send_email
   - mail.wire_money
@@ -100,7 +134,8 @@ agents:
   - id: assistant
     capabilities: [mail.read_inbox, mail.send_email, mail.wire_money, mail2.wire_money,
                    mail2.read_inbox, mail2.slow, mail.update_memory_block, mail.crash,
-                   mail.widened]
+                   mail.widened, live.note, live.widen_note, live.narrow_note,
+                   web.read_inbox, web.send_email, web.slow]
   - id: helper
     parent: assistant
     capabilities: [mail.read_inbox, mail.send_email, mail.update_memory_block]
@@ -109,6 +144,34 @@ agents:
 
 def text_of(result) -> str:
     return " ".join(getattr(c, "text", "") for c in result.content)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_http_upstream(port: int, log: Path) -> subprocess.Popen:
+    """``mail_server.py`` over streamable HTTP on ``port``, once it answers."""
+    import socket
+
+    proc = subprocess.Popen([sys.executable, str(HERE / "mail_server.py")],
+                            env=dict(os.environ, MCP_PORT=str(port), CALL_LOG=str(log)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError("the HTTP upstream exited")
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("the HTTP upstream did not start")
 
 
 class GatewayTest(unittest.TestCase):
@@ -120,10 +183,14 @@ class GatewayTest(unittest.TestCase):
         d = Path(cls.dir.name)
         cls.log = d / "calls.jsonl"
         cls.log.touch()
+        cls.web_port = free_port()
+        cls.web_url = f"http://127.0.0.1:{cls.web_port}/mcp"
+        cls.web = start_http_upstream(cls.web_port, cls.log)
         policy = d / "policy.yaml"
         policy.write_text(POLICY.format(python=json.dumps(sys.executable),
                                         server=json.dumps(str(HERE / "mail_server.py")),
-                                        log=json.dumps(str(cls.log))))
+                                        log=json.dumps(str(cls.log)),
+                                        web_url=json.dumps(cls.web_url)))
         cls.operator_token = "op-" + secrets.token_hex(24)
         env = dict(os.environ, WARDEN_OPERATOR_TOKEN=cls.operator_token, WARDEN_LOG="warn")
         cls.stderr = open(d / "stderr.log", "w")
@@ -152,12 +219,14 @@ class GatewayTest(unittest.TestCase):
         code = cls.proc.wait(timeout=30)
         cls.proc.stdout.close()
         cls.stderr.close()
+        cls.web.kill()
+        cls.web.wait(timeout=30)
         cls.dir.cleanup()
         assert code == 0, f"warden serve exited {code}"
 
     # ----- helpers -----
 
-    def mcp(self, token, work, session=None):
+    def mcp(self, token, work, session=None, message_handler=None):
         """Run ``work(client_session)`` on a fresh MCP connection."""
         headers = {"Authorization": f"Bearer {token}"}
         if session is not None:
@@ -166,7 +235,7 @@ class GatewayTest(unittest.TestCase):
         async def go():
             async with httpx.AsyncClient(headers=headers, timeout=60) as http:
                 async with streamable_http_client(self.url, http_client=http) as (read, write, _):
-                    async with ClientSession(read, write) as s:
+                    async with ClientSession(read, write, message_handler=message_handler) as s:
                         await s.initialize()
                         return await work(s)
 
@@ -189,9 +258,11 @@ class GatewayTest(unittest.TestCase):
         root = self.mcp(self.assistant_token, names)
         child = self.mcp(self.helper_token, names)
         # Undeclared and widened tools are never listed, for anyone.
-        self.assertEqual(sorted(root), ["mail.crash", "mail.read_inbox", "mail.send_email",
+        self.assertEqual(sorted(root), ["live.narrow_note", "live.note", "live.widen_note",
+                                        "mail.crash", "mail.read_inbox", "mail.send_email",
                                         "mail.update_memory_block", "mail.wire_money",
-                                        "mail2.read_inbox", "mail2.slow", "mail2.wire_money"])
+                                        "mail2.read_inbox", "mail2.slow", "mail2.wire_money",
+                                        "web.read_inbox", "web.send_email", "web.slow"])
         # The child holds update_memory_block, but it is a block write surface.
         self.assertEqual(sorted(child), ["mail.read_inbox", "mail.send_email"])
         # The declared schema is what the client sees.
@@ -369,6 +440,161 @@ class GatewayTest(unittest.TestCase):
         self.assertTrue(late.isError)
         self.assertIn("did not answer within 1000 ms", text_of(late))
         self.assertFalse(after.isError, text_of(after))
+
+    # ----- a streamable-HTTP upstream -----
+
+    def test_a_streamable_http_upstream_is_governed_like_a_stdio_one(self):
+        async def names(s):
+            return {t.name: t for t in (await s.list_tools()).tools}
+
+        listed = self.mcp(self.assistant_token, names)
+        # Declared schema listed; the undeclared tools of the same server never.
+        self.assertEqual(listed["web.send_email"].inputSchema["additionalProperties"], False)
+        self.assertNotIn("web.undeclared_tool", listed)
+        self.assertNotIn("web.widened", listed)
+
+        async def injected(s):
+            inbox = await s.call_tool("web.read_inbox", {})
+            sent = await s.call_tool("web.send_email",
+                                     {"to": "mallory@evil.example", "body": "over http"})
+            return inbox, sent
+
+        inbox, sent = self.mcp(self.assistant_token, injected)
+        self.assertFalse(inbox.isError, text_of(inbox))
+        self.assertIn("mallory@evil.example", text_of(inbox))
+        self.assertTrue(sent.isError)
+        self.assertEqual(sent.structuredContent["verdict"], "deny")
+        self.assertEqual([c["transport"] for c in self.calls("read_inbox")][-1], "http")
+        self.assertFalse([c for c in self.calls("send_email")
+                          if c["arguments"]["body"] == "over http"])
+
+        opened = self.assistant.open_session(["Send the http note to dave@corp.example"])
+        session = opened["session"]["session_id"] if "session" in opened else opened["session_id"]
+
+        async def bound(s):
+            return await s.call_tool("web.send_email", {"to": "dave@corp.example", "body": "http note"})
+
+        ok = self.mcp(self.assistant_token, bound, session=session)
+        self.assertFalse(ok.isError, text_of(ok))
+        self.assertEqual([(c["arguments"]["to"], c["transport"]) for c in self.calls("send_email")
+                          if c["arguments"]["body"] == "http note"],
+                         [("dave@corp.example", "http")])
+        state = self.assistant.get_session(session)
+        calls = state["calls"] if "calls" in state else state["session"]["calls"]
+        self.assertEqual([(c["action"], c["status"]) for c in calls],
+                         [("web.send_email", "completed")])
+
+    def test_an_http_upstream_timeout_or_restart_fails_that_call_only(self):
+        async def slow(s):
+            late = await s.call_tool("web.slow", {"seconds": 3})
+            after = await s.call_tool("web.read_inbox", {})
+            return late, after
+
+        late, after = self.mcp(self.assistant_token, slow)
+        self.assertTrue(late.isError)
+        self.assertIn("did not answer within 1000 ms", text_of(late))
+        self.assertFalse(after.isError, text_of(after))
+        first_pid = self.calls("read_inbox")[-1]["pid"]
+
+        # The server goes away: that call fails; once it is back, the
+        # gateway connects again.
+        type(self).web.kill()
+        type(self).web.wait(timeout=30)
+
+        async def read(s):
+            return await s.call_tool("web.read_inbox", {})
+
+        down = self.mcp(self.assistant_token, read)
+        self.assertTrue(down.isError)
+        self.assertEqual(down.structuredContent["error"], "upstream")
+        type(self).web = start_http_upstream(self.web_port, self.log)
+        back = self.mcp(self.assistant_token, read)
+        self.assertFalse(back.isError, text_of(back))
+        self.assertNotEqual(self.calls("read_inbox")[-1]["pid"], first_pid)
+
+    def test_policy_init_reads_a_streamable_http_server(self):
+        out = subprocess.run([WARDEN_BIN, "policy", "init", "--mcp-url", "web", self.web_url],
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn(f"url: {json.dumps(self.web_url)}", out.stdout)
+        self.assertNotIn("command:", out.stdout)
+        self.assertIn('"web.send_email":', out.stdout)
+        self.assertIn('{argument: "to", from: [user, trusted], otherwise: escalate}', out.stdout)
+        bad = subprocess.run([WARDEN_BIN, "policy", "init", "--mcp-url", "web", "ftp://x/"],
+                             capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("not an http", bad.stderr)
+
+    # ----- tools/list_changed -----
+
+    def test_a_tool_whose_schema_widens_at_runtime_is_withdrawn_until_it_matches(self):
+        import mcp.types as types
+
+        changes = []
+
+        async def on_message(m):
+            if isinstance(m, types.ServerNotification) and \
+                    isinstance(m.root, types.ToolListChangedNotification):
+                changes.append(time.time())
+
+        async def until_changed(n):
+            for _ in range(200):
+                if len(changes) >= n:
+                    return
+                await asyncio.sleep(0.05)
+            self.fail(f"no notifications/tools/list_changed #{n}")
+
+        async def work(s):
+            names = lambda r: {t.name for t in r.tools}  # noqa: E731
+            before = await s.call_tool("live.note", {"text": "before"})
+            self.assertIn("live.note", names(await s.list_tools()))
+            widened = await s.call_tool("live.widen_note", {})
+            await until_changed(1)
+            withdrawn_listing = names(await s.list_tools())
+            refused = await s.call_tool("live.note", {"text": "while wide"})
+            narrowed = await s.call_tool("live.narrow_note", {})
+            await until_changed(2)
+            back_listing = names(await s.list_tools())
+            after = await s.call_tool("live.note", {"text": "after"})
+            return before, widened, withdrawn_listing, refused, narrowed, back_listing, after
+
+        (before, widened, withdrawn_listing, refused, narrowed, back_listing,
+         after) = self.mcp(self.assistant_token, work, message_handler=on_message)
+        self.assertFalse(before.isError, text_of(before))
+        self.assertFalse(widened.isError, text_of(widened))
+        self.assertNotIn("live.note", withdrawn_listing)
+        self.assertIn("live.widen_note", withdrawn_listing)
+        self.assertTrue(refused.isError)
+        self.assertIn("withdrawn", text_of(refused))
+        self.assertIn("`cc`", text_of(refused))
+        self.assertFalse(narrowed.isError, text_of(narrowed))
+        self.assertIn("live.note", back_listing)
+        self.assertFalse(after.isError, text_of(after))
+        self.assertEqual([c["arguments"]["text"] for c in self.calls("note")], ["before", "after"])
+
+    # ----- resources and prompts -----
+
+    def test_resources_and_prompts_are_refused_and_not_declared(self):
+        from mcp.shared.exceptions import McpError
+
+        async def work(s):
+            caps = s.get_server_capabilities()
+            errors = []
+            for ask in (s.list_resources, s.list_prompts,
+                        lambda: s.read_resource("file:///etc/passwd"),
+                        lambda: s.get_prompt("any")):
+                try:
+                    await ask()
+                    errors.append(None)
+                except McpError as e:
+                    errors.append(e.error.code)
+            return caps, errors
+
+        caps, errors = self.mcp(self.assistant_token, work)
+        self.assertIsNone(caps.resources)
+        self.assertIsNone(caps.prompts)
+        self.assertTrue(caps.tools.listChanged)
+        self.assertEqual(errors, [-32601] * 4, "method not found, each")
 
     # ----- identity -----
 

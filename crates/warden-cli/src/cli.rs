@@ -155,17 +155,27 @@ enum PolicyCommand {
     /// Print the bundle's JSON Schema.
     Schema,
     /// Write a starter bundle for an MCP server to stdout: launches
-    /// COMMAND over stdio, reads its tools and declares each (schema,
-    /// output trust untrusted, tags from its annotations, provenance rules
-    /// proposed for target-like arguments, all marked for review). Grants
-    /// nothing.
+    /// COMMAND over stdio (`--mcp NAME -- COMMAND...`) or connects to a
+    /// streamable-HTTP server (`--mcp-url NAME URL`), reads its tools and
+    /// declares each (schema, output trust untrusted, tags from its
+    /// annotations, provenance rules proposed for target-like arguments,
+    /// all marked for review). Grants nothing.
     Init {
         /// The server's name in the bundle (tool `T` becomes action
-        /// `NAME.T`).
-        #[arg(long)]
-        mcp: String,
+        /// `NAME.T`), for a server launched by COMMAND.
+        #[arg(
+            long,
+            value_name = "NAME",
+            required_unless_present = "mcp_url",
+            conflicts_with = "mcp_url",
+            requires = "command"
+        )]
+        mcp: Option<String>,
+        /// The server's name and the URL of a streamable-HTTP server.
+        #[arg(long, num_args = 2, value_names = ["NAME", "URL"])]
+        mcp_url: Option<Vec<String>>,
         /// The server's command and arguments (after `--`).
-        #[arg(last = true, required = true)]
+        #[arg(last = true)]
         command: Vec<String>,
     },
 }
@@ -204,7 +214,15 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Policy { command } => match command {
             PolicyCommand::Lint { file } => crate::policy::lint(&file),
             PolicyCommand::Schema => crate::policy::schema(),
-            PolicyCommand::Init { mcp, command } => crate::mcp::init(&mcp, &command),
+            PolicyCommand::Init {
+                mcp,
+                mcp_url,
+                command,
+            } => match (mcp, mcp_url.as_deref()) {
+                (_, Some([name, url])) => crate::mcp::init(name, &[], Some(url)),
+                (Some(name), _) => crate::mcp::init(&name, &command, None),
+                _ => anyhow::bail!("give --mcp NAME -- COMMAND... or --mcp-url NAME URL"),
+            },
         },
         Command::Mcp { url, session } => crate::mcp::run(url, session),
         Command::Audit { command } => match command {

@@ -1,12 +1,12 @@
 //! `warden mcp`: the stdio entry point of the MCP gateway (see
-//! `warden_mcp::bridge`); `warden policy init --mcp` (see
+//! `warden_mcp::bridge`); `warden policy init --mcp` and `--mcp-url` (see
 //! `warden_mcp::init`).
 
 use std::process::ExitCode;
 
 use anyhow::Context as _;
 use warden_mcp::bridge::{BridgeConfig, run_stdio};
-use warden_mcp::init::init_from_command;
+use warden_mcp::init::{init_from_command, init_from_url};
 
 /// The variable holding the agent's token (never an argument: arguments
 /// are visible to every user of the machine).
@@ -29,13 +29,17 @@ pub fn run(url: String, session: Option<String>) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Print the starter bundle for server `name` launched by `command`.
-pub fn init(name: &str, command: &[String]) -> anyhow::Result<ExitCode> {
+/// Print the starter bundle for server `name` launched by `command`, or
+/// reached at `url` (streamable HTTP).
+pub fn init(name: &str, command: &[String], url: Option<&str>) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    let bundle = runtime.block_on(init_from_command(name, command))?;
+    let bundle = match url {
+        Some(url) => runtime.block_on(init_from_url(name, url))?,
+        None => runtime.block_on(init_from_command(name, command))?,
+    };
     print!("{bundle}");
     Ok(ExitCode::SUCCESS)
 }

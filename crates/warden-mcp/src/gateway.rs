@@ -4,14 +4,15 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use rmcp::model::{CallToolResult, ContentBlock, Tool};
+use rmcp::{Peer, RoleServer};
 use serde_json::{Map, Value, json};
 use warden::{CallResult, Caller, Engine, EngineError, OpenSession, ProposedCall, SessionOpening};
 use warden_core::canonical::to_canonical;
-use warden_core::decision::Verdict;
+use warden_core::decision::{Obligation, Verdict};
 use warden_core::ids::{ActionName, AgentId, CallId, SessionId};
 use warden_core::lockdown::{BLOCK_WRITE_TAG, is_write_surface_tool_name};
 use warden_core::mcp::split_action;
@@ -48,6 +49,8 @@ pub struct Gateway<S> {
     held: Mutex<HashMap<(SessionId, String), CallId>>,
     counters: Mutex<BTreeMap<(String, String), Arc<ToolCounters>>>,
     listings: AtomicU64,
+    /// Connected MCP clients, told when a listing changes.
+    clients: Mutex<Vec<Peer<RoleServer>>>,
 }
 
 impl<S> std::fmt::Debug for Gateway<S> {
@@ -90,6 +93,30 @@ fn recorded_form(result: &CallToolResult) -> Value {
     }
 }
 
+/// The labels a `constrain`'s obligations require the recorded result to
+/// carry that it does not (empty: every obligation that applies to a tool
+/// call is met). `ResultLabels` applies: the engine adds the labels when
+/// it records the result, and the gateway returns a result only once they
+/// are on its record. `InheritRestrictions` binds the agents delegated
+/// from this session, not the call: the engine applies it on every
+/// delegation path. The match has no catch-all: an obligation added later
+/// fails to compile here until the gateway says how it is enforced.
+fn unmet_result_labels(
+    obligations: &[Obligation],
+    recorded: &[warden_core::ids::Label],
+) -> Vec<warden_core::ids::Label> {
+    let mut missing = Vec::new();
+    for o in obligations {
+        match o {
+            Obligation::ResultLabels { labels } => {
+                missing.extend(labels.iter().filter(|l| !recorded.contains(l)).cloned());
+            }
+            Obligation::InheritRestrictions { .. } => {}
+        }
+    }
+    missing
+}
+
 impl<S: Store + 'static> Gateway<S> {
     /// A gateway over `engine` for the upstreams its policy declares
     /// (none started yet: see [`Gateway::start`]).
@@ -106,6 +133,7 @@ impl<S: Store + 'static> Gateway<S> {
             held: Mutex::new(HashMap::new()),
             counters: Mutex::new(BTreeMap::new()),
             listings: AtomicU64::new(0),
+            clients: Mutex::new(Vec::new()),
         }
     }
 
@@ -126,6 +154,55 @@ impl<S: Store + 'static> Gateway<S> {
             out.insert(name.clone(), r);
         }
         out
+    }
+
+    /// Watch every upstream's `tools/list_changed`: read its tools again
+    /// and, when the listing changed (a tool withdrawn, exposed again, or
+    /// its listed form changed), send `notifications/tools/list_changed`
+    /// to every connected client. The watchers end with the gateway.
+    pub fn watch(self: &Arc<Self>) {
+        for u in self.upstreams.values() {
+            let changed = u.changed();
+            let upstream = Arc::clone(u);
+            let gateway: Weak<Self> = Arc::downgrade(self);
+            tokio::spawn(async move {
+                loop {
+                    changed.notified().await;
+                    let Some(g) = gateway.upgrade() else { return };
+                    match upstream.refresh(g.engine.policy()).await {
+                        Ok(true) => g.notify_clients().await,
+                        Ok(false) => {}
+                        Err(e) => {
+                            tracing::warn!(server = %upstream.name(), error = %e, "tools/list after list_changed failed");
+                        }
+                    }
+                }
+            });
+        }
+    }
+
+    /// Remember a connected client, to tell it when listings change.
+    pub fn add_client(&self, peer: Peer<RoleServer>) {
+        if let Ok(mut c) = self.clients.lock() {
+            c.retain(|p| !p.is_transport_closed());
+            c.push(peer);
+        }
+    }
+
+    /// Tell every connected client that the tool listing changed.
+    async fn notify_clients(&self) {
+        let peers: Vec<Peer<RoleServer>> = match self.clients.lock() {
+            Ok(mut c) => {
+                c.retain(|p| !p.is_transport_closed());
+                c.clone()
+            }
+            Err(_) => return,
+        };
+        for p in peers {
+            if let Err(e) = p.notify_tool_list_changed().await {
+                tracing::debug!(error = %e, "a client was not told of the listing change");
+            }
+        }
     }
 
     /// Stop every upstream.
@@ -298,6 +375,7 @@ impl<S: Store + 'static> Gateway<S> {
         name: &str,
         arguments: Map<String, Value>,
     ) -> Result<CallToolResult, EngineError> {
+        let started = Instant::now();
         let caller = Caller::Agent(agent.clone());
         let args = Value::Object(arguments.clone());
         let (server, tool) = split_action(name).unwrap_or(("", name));
@@ -363,10 +441,12 @@ impl<S: Store + 'static> Gateway<S> {
             }
         }
         let call_id = answer.call.call_id.clone();
+        let decided = Instant::now();
         // Allowed: forward, unless the gateway cannot (no such upstream
         // tool, a widened schema, a write-surface name for a child); the
         // call is then recorded as failed.
         let forwarded = self.forward(agent, server, tool, name, arguments).await;
+        let answered = Instant::now();
         let result = match forwarded {
             Ok(r) => {
                 counters.forwarded.fetch_add(1, Ordering::Relaxed);
@@ -404,7 +484,8 @@ impl<S: Store + 'static> Gateway<S> {
         } else {
             recorded_form(&result)
         };
-        self.engine
+        let done = self
+            .engine
             .record_call_result(
                 &caller,
                 session,
@@ -416,6 +497,25 @@ impl<S: Store + 'static> Gateway<S> {
                 },
             )
             .await?;
+        let missing = unmet_result_labels(&answer.decision.obligations, &done.call.result_labels);
+        if !missing.is_empty() {
+            // Fail closed: a result that does not carry the labels its
+            // constrain requires is not handed on.
+            return Ok(tool_error(
+                format!(
+                    "the result was withheld: its record lacks the labels its constrain requires ({missing:?})"
+                ),
+                json!({"verdict": "constrain", "error": "obligation_unmet", "call_id": call_id,
+                       "missing_labels": missing}),
+            ));
+        }
+        tracing::debug!(
+            target: "warden_mcp::timing",
+            gate_us = micros(decided.duration_since(started)),
+            upstream_us = micros(answered.duration_since(decided)),
+            record_us = micros(answered.elapsed()),
+            "tools/call {name}"
+        );
         Ok(result)
     }
 
@@ -437,9 +537,13 @@ impl<S: Store + 'static> Gateway<S> {
             .await
             .map_err(|e| e.to_string())?;
         let Some(exposed) = check.exposed.get(action) else {
-            return Err(format!(
-                "upstream `{server}` exposes no tool `{tool}` compatible with its declaration"
-            ));
+            return Err(match check.refused.iter().find(|r| r.tool == tool) {
+                Some(r) => format!(
+                    "upstream `{server}` tool `{tool}` is withdrawn: {}",
+                    r.problems.join("; ")
+                ),
+                None => format!("upstream `{server}` has no tool `{tool}`"),
+            });
         };
         let view = self.engine.agent(agent).map_err(|e| e.to_string())?;
         if !self.visible_to(
@@ -485,6 +589,10 @@ enum Review {
     Pending,
 }
 
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
@@ -497,6 +605,30 @@ mod tests {
 
     fn result(v: Value) -> CallToolResult {
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_result_is_handed_on_only_with_the_labels_its_constrain_requires() {
+        let l = |s: &str| warden_core::ids::Label::parse(s).unwrap();
+        let obligations = vec![
+            Obligation::ResultLabels {
+                labels: vec![l("pii"), l("finance")],
+            },
+            Obligation::InheritRestrictions {
+                restrictions: vec![l("no_export")],
+            },
+        ];
+        assert_eq!(
+            unmet_result_labels(&obligations, &[l("pii"), l("finance"), l("x")]),
+            Vec::new()
+        );
+        assert_eq!(
+            unmet_result_labels(&obligations, &[l("pii")]),
+            vec![l("finance")]
+        );
+        assert_eq!(unmet_result_labels(&[], &[]), Vec::new());
+        // A restriction to inherit binds delegation, not the call's result.
+        assert_eq!(unmet_result_labels(&obligations[1..], &[]), Vec::new());
     }
 
     #[test]

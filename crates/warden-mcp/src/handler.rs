@@ -12,7 +12,7 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, Implementation, InitializeResult, ListToolsResult,
     PaginatedRequestParams, ServerCapabilities,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use tokio::sync::Mutex;
 use warden::EngineError;
@@ -107,12 +107,21 @@ fn engine_error(e: EngineError) -> ErrorData {
 
 impl<S: Store + 'static> ServerHandler for GatewayHandler<S> {
     fn get_info(&self) -> InitializeResult {
-        InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("warden", env!("CARGO_PKG_VERSION")))
-            .with_instructions(
-                "Warden MCP gateway: the tools listed are those your agent may use; \
+        InitializeResult::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build(),
+        )
+        .with_server_info(Implementation::new("warden", env!("CARGO_PKG_VERSION")))
+        .with_instructions(
+            "Warden MCP gateway: the tools listed are those your agent may use; \
                  every call is decided by Warden before it reaches the tool.",
-            )
+        )
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        self.gateway.add_client(context.peer);
     }
 
     async fn list_tools(

@@ -1,5 +1,6 @@
-//! `warden policy init --mcp NAME -- COMMAND...`: a starter bundle written
-//! from an upstream's `tools/list`.
+//! `warden policy init --mcp NAME -- COMMAND...` (a server launched over
+//! stdio) and `warden policy init --mcp-url NAME URL` (a streamable-HTTP
+//! server): a starter bundle written from an upstream's `tools/list`.
 //!
 //! Every tool is declared with its advertised input schema and output
 //! trust `untrusted`; tags come from the server's annotations
@@ -21,7 +22,7 @@ use warden_core::mcp::{
 };
 use warden_core::provenance::Trust;
 
-use crate::upstream::{UpstreamError, connect};
+use crate::upstream::{UpstreamClient, UpstreamError, connect};
 
 /// Name fragments that make an argument look like a target.
 const TARGET_WORDS: [&str; 17] = [
@@ -61,9 +62,18 @@ fn json(v: &impl serde::Serialize) -> String {
     serde_json::to_string(v).unwrap_or_else(|_| "null".into())
 }
 
-/// The starter bundle for server `name` launched by `command`, from its
+/// How the starter bundle's server is reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source<'a> {
+    /// Launched with this command over stdio.
+    Command(&'a [String]),
+    /// A streamable-HTTP server at this URL.
+    Url(&'a str),
+}
+
+/// The starter bundle for server `name` reached as `source`, from its
 /// advertised `tools`.
-pub fn starter_bundle(name: &str, command: &[String], tools: &[Tool]) -> String {
+pub fn starter_bundle(name: &str, source: &Source<'_>, tools: &[Tool]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -74,7 +84,14 @@ pub fn starter_bundle(name: &str, command: &[String], tools: &[Tool]) -> String 
     );
     let _ = writeln!(out, "policy_version: {}", json(&format!("{name}-starter")));
     let _ = writeln!(out, "mcp_servers:\n  {name}:");
-    let _ = writeln!(out, "    command: {}", json(&command));
+    match source {
+        Source::Command(command) => {
+            let _ = writeln!(out, "    command: {}", json(command));
+        }
+        Source::Url(url) => {
+            let _ = writeln!(out, "    url: {}", json(url));
+        }
+    }
     let _ = writeln!(
         out,
         "    trust: untrusted  # REVIEW: `trusted` only if third parties cannot write what it returns"
@@ -154,6 +171,41 @@ pub fn starter_bundle(name: &str, command: &[String], tools: &[Tool]) -> String 
 /// Launch `command` as server `name` (in the caller's environment), read
 /// its tools and write its starter bundle.
 pub async fn init_from_command(name: &str, command: &[String]) -> Result<String, UpstreamError> {
+    init(
+        name,
+        McpTransport::Stdio {
+            argv: command.to_vec(),
+            env: Default::default(),
+        },
+        &Source::Command(command),
+    )
+    .await
+}
+
+/// Connect to the streamable-HTTP server at `url` as server `name`, read
+/// its tools and write its starter bundle.
+pub async fn init_from_url(name: &str, url: &str) -> Result<String, UpstreamError> {
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(UpstreamError::Start {
+            server: name.to_owned(),
+            message: format!("`{url}` is not an http:// or https:// URL"),
+        });
+    }
+    init(
+        name,
+        McpTransport::Http {
+            url: url.to_owned(),
+        },
+        &Source::Url(url),
+    )
+    .await
+}
+
+async fn init(
+    name: &str,
+    transport: McpTransport,
+    source: &Source<'_>,
+) -> Result<String, UpstreamError> {
     if !valid_server_name(name) {
         return Err(UpstreamError::Start {
             server: name.to_owned(),
@@ -162,17 +214,14 @@ pub async fn init_from_command(name: &str, command: &[String]) -> Result<String,
     }
     let config = McpServer {
         name: name.to_owned(),
-        transport: McpTransport::Stdio {
-            argv: command.to_vec(),
-            env: Default::default(),
-        },
+        transport,
         trust: Trust::Untrusted,
         call_timeout_ms: DEFAULT_CALL_TIMEOUT_MS,
         escalation_wait_ms: 0,
     };
-    let (service, tools) = connect(&config, true).await?;
+    let (service, tools) = connect(&config, true, UpstreamClient::default()).await?;
     let _ = service.cancel().await;
-    Ok(starter_bundle(name, command, &tools))
+    Ok(starter_bundle(name, source, &tools))
 }
 
 #[cfg(test)]
@@ -200,7 +249,8 @@ mod tests {
             ),
             tool(json!({"name": "bad name", "inputSchema": {"type": "object"}})),
         ];
-        let text = starter_bundle("mail", &["python3".into(), "m.py".into()], &tools);
+        let command = ["python3".to_owned(), "m.py".to_owned()];
+        let text = starter_bundle("mail", &Source::Command(&command), &tools);
         let policy = warden_core::bundle::compile(&text).unwrap();
         assert!(policy.spec.agents.is_empty());
         assert!(policy.spec.environment_capabilities.is_empty());
@@ -225,6 +275,16 @@ mod tests {
         assert!(text.contains("# Send an email."));
         assert!(text.contains("# skipped tool \"bad name\""));
         assert_eq!(text.matches("REVIEW").count(), 5, "{text}");
+        // The same tools from a streamable-HTTP server: `url:` instead.
+        let text = starter_bundle("mail", &Source::Url("http://127.0.0.1:9/mcp"), &tools);
+        let policy = warden_core::bundle::compile(&text).unwrap();
+        assert_eq!(
+            policy.mcp_servers()[0].transport,
+            McpTransport::Http {
+                url: "http://127.0.0.1:9/mcp".into()
+            }
+        );
+        assert!(!text.contains("command:"));
     }
 
     #[test]

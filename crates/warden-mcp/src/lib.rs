@@ -25,11 +25,15 @@
 //! - [`bridge`]: `warden mcp`, a stdio MCP server relaying to a running
 //!   `warden serve` with the agent's token.
 //!
-//! Supported: tools (`tools/list`, `tools/call`). Resources and prompts are
-//! not offered (the server declares only the tools capability, so clients
-//! are told they do not exist). Streamable-HTTP upstreams (`url:`) are
-//! parsed and validated but not reached yet: their calls fail with an
-//! error naming the missing transport, and they list no tools.
+//! Supported: tools (`tools/list`, `tools/call`, and
+//! `notifications/tools/list_changed` to clients when an upstream's
+//! change alters the listing), from stdio and streamable-HTTP upstreams.
+//! Resources and prompts are not offered: the server declares only the
+//! tools capability, and `resources/*` and `prompts/*` answer
+//! method-not-found. A `constrain` verdict's obligations are enforced on
+//! forwarded calls as [`gateway`] describes (fail closed). The call id a
+//! retry after a timed-out escalation reuses is remembered in the process
+//! only (bounded); after a restart the retry opens a new escalation.
 
 pub mod bridge;
 pub mod gateway;

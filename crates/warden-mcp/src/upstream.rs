@@ -1,10 +1,16 @@
-//! One upstream MCP server: launched (stdio) on first use, its tools read
-//! and checked against the catalogue, relaunched after a crash.
+//! One upstream MCP server: reached on first use (a launched child
+//! process over stdio, or a streamable-HTTP server at its `url:`), its
+//! tools read and checked against the catalogue, reconnected after a
+//! failure.
 //!
-//! A call that finds the server gone (the process exited, the pipe
-//! closed) launches it again first; a call during which it dies, times out
-//! or answers something malformed is an error of that call only, and the
-//! connection is dropped so that the next call starts a fresh process.
+//! A call that finds the connection gone (the process exited, the pipe
+//! closed, the HTTP session ended) connects again first; a call during
+//! which the server dies, times out or answers something malformed is an
+//! error of that call only, and the connection is dropped so that the next
+//! call starts afresh. On the upstream's `notifications/tools/list_changed`
+//! its tools are read and checked again ([`Upstream::refresh`]): a tool
+//! whose schema widened is withdrawn (not listed, its calls refused with
+//! the problems) until it matches again.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,11 +18,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rmcp::model::{CallToolRequestParams, CallToolResult, Tool};
-use rmcp::service::RunningService;
-use rmcp::transport::TokioChildProcess;
-use rmcp::{RoleClient, ServiceError, ServiceExt};
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{ClientHandler, RoleClient, ServiceError, ServiceExt};
 use serde_json::Value;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, Notify};
 use warden_core::bundle::Policy;
 use warden_core::ids::ActionName;
 use warden_core::mcp::{McpServer, McpTransport, check_schema, tool_action};
@@ -31,14 +38,6 @@ pub enum UpstreamError {
         /// The server.
         server: String,
         /// What went wrong.
-        message: String,
-    },
-    /// The server's transport is not supported by this gateway.
-    #[error("upstream `{server}`: {message}")]
-    Unsupported {
-        /// The server.
-        server: String,
-        /// What is missing.
         message: String,
     },
     /// The call took longer than the server's `call_timeout_ms`.
@@ -146,46 +145,87 @@ pub fn check_tools(policy: &Policy, server: &str, tools: &[Tool]) -> ToolCheck {
 /// The least time a server gets to start and list its tools.
 pub const STARTUP_TIMEOUT_MS: u64 = 30_000;
 
-/// Launch `config`'s server, complete the MCP handshake and read its
-/// tools (each step within its `call_timeout_ms`, and at least
-/// [`STARTUP_TIMEOUT_MS`]). The server's
-/// environment is `PATH` and its `env:` only, unless `inherit_env`.
+/// The gateway's side of a connection to an upstream: it hears the
+/// upstream's `notifications/tools/list_changed`.
+#[derive(Debug, Clone, Default)]
+pub struct UpstreamClient {
+    changed: Arc<Notify>,
+}
+
+impl ClientHandler for UpstreamClient {
+    fn on_tool_list_changed(
+        &self,
+        _context: NotificationContext<RoleClient>,
+    ) -> impl Future<Output = ()> + Send + '_ {
+        self.changed.notify_one();
+        std::future::ready(())
+    }
+}
+
+/// A connection to an upstream.
+pub type UpstreamService = RunningService<RoleClient, UpstreamClient>;
+
+/// The HTTP client of streamable-HTTP upstreams: rustls with the ring
+/// provider and the platform's roots, no proxy from the environment.
+fn http_client() -> Result<reqwest::Client, String> {
+    // Installed once per process; a second install is refused and the
+    // first provider stays.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+/// Connect to `config`'s server (launch it, or open a streamable-HTTP
+/// session at its URL), complete the MCP handshake and read its tools
+/// (each step within its `call_timeout_ms`, and at least
+/// [`STARTUP_TIMEOUT_MS`]); `client` hears its notifications. A launched
+/// server's environment is `PATH` and its `env:` only, unless
+/// `inherit_env`.
 pub async fn connect(
     config: &McpServer,
     inherit_env: bool,
-) -> Result<(RunningService<RoleClient, ()>, Vec<Tool>), UpstreamError> {
+    client: UpstreamClient,
+) -> Result<(UpstreamService, Vec<Tool>), UpstreamError> {
     let server = config.name.clone();
     let start = |message: String| UpstreamError::Start {
         server: server.clone(),
         message,
     };
-    let (argv, env) = match &config.transport {
-        McpTransport::Stdio { argv, env } => (argv, env),
-        McpTransport::Http { .. } => {
-            return Err(UpstreamError::Unsupported {
-                server: server.clone(),
-                message: "streamable-HTTP upstreams are not supported by this gateway yet".into(),
-            });
-        }
-    };
-    let Some((program, args)) = argv.split_first() else {
-        return Err(start("no program".into()));
-    };
-    let mut cmd = tokio::process::Command::new(program);
-    cmd.args(args).kill_on_drop(true);
-    if !inherit_env {
-        cmd.env_clear();
-        if let Some(path) = std::env::var_os("PATH") {
-            cmd.env("PATH", path);
-        }
-    }
-    cmd.envs(env);
-    let transport = TokioChildProcess::new(cmd).map_err(|e| start(e.to_string()))?;
     let timeout = Duration::from_millis(config.call_timeout_ms.max(STARTUP_TIMEOUT_MS));
-    let service = tokio::time::timeout(timeout, ().serve(transport))
-        .await
-        .map_err(|_| start(format!("no handshake within {} ms", timeout.as_millis())))?
-        .map_err(|e| start(e.to_string()))?;
+    let no_handshake = || start(format!("no handshake within {} ms", timeout.as_millis()));
+    let service = match &config.transport {
+        McpTransport::Stdio { argv, env } => {
+            let Some((program, args)) = argv.split_first() else {
+                return Err(start("no program".into()));
+            };
+            let mut cmd = tokio::process::Command::new(program);
+            cmd.args(args).kill_on_drop(true);
+            if !inherit_env {
+                cmd.env_clear();
+                if let Some(path) = std::env::var_os("PATH") {
+                    cmd.env("PATH", path);
+                }
+            }
+            cmd.envs(env);
+            let transport = TokioChildProcess::new(cmd).map_err(|e| start(e.to_string()))?;
+            tokio::time::timeout(timeout, client.serve(transport))
+                .await
+                .map_err(|_| no_handshake())?
+                .map_err(|e| start(e.to_string()))?
+        }
+        McpTransport::Http { url } => {
+            let transport = StreamableHttpClientTransport::with_client(
+                http_client().map_err(start)?,
+                StreamableHttpClientTransportConfig::with_uri(url.as_str()),
+            );
+            tokio::time::timeout(timeout, client.serve(transport))
+                .await
+                .map_err(|_| no_handshake())?
+                .map_err(|e| start(e.to_string()))?
+        }
+    };
     let tools = tokio::time::timeout(timeout, service.peer().list_all_tools())
         .await
         .map_err(|_| start(format!("no tools/list within {} ms", timeout.as_millis())))?
@@ -194,9 +234,9 @@ pub async fn connect(
 }
 
 struct Connected {
-    service: RunningService<RoleClient, ()>,
+    service: UpstreamService,
     check: Arc<ToolCheck>,
-    /// Which launch this is (1 for the first).
+    /// Which connection this is (1 for the first).
     generation: u64,
 }
 
@@ -205,6 +245,8 @@ pub struct Upstream {
     config: McpServer,
     conn: Mutex<Option<Connected>>,
     starts: AtomicU64,
+    /// Signalled when the upstream says its tools changed.
+    changed: Arc<Notify>,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -216,13 +258,23 @@ impl std::fmt::Debug for Upstream {
     }
 }
 
+/// Whether two checks list different tools (names or listed forms).
+fn listing_differs(a: &ToolCheck, b: &ToolCheck) -> bool {
+    a.exposed.len() != b.exposed.len()
+        || a.exposed
+            .iter()
+            .zip(b.exposed.iter())
+            .any(|((ka, ta), (kb, tb))| ka != kb || ta.listed != tb.listed)
+}
+
 impl Upstream {
-    /// An upstream for `config`, not started yet.
+    /// An upstream for `config`, not connected yet.
     pub fn new(config: McpServer) -> Self {
         Self {
             config,
             conn: Mutex::new(None),
             starts: AtomicU64::new(0),
+            changed: Arc::new(Notify::new()),
         }
     }
 
@@ -236,20 +288,29 @@ impl Upstream {
         &self.config
     }
 
-    /// How many times it was launched.
+    /// How many times it was connected (launched, for a stdio server).
     pub fn starts(&self) -> u64 {
         self.starts.load(Ordering::Relaxed)
     }
 
+    /// Signalled (one stored permit) when the upstream sends
+    /// `notifications/tools/list_changed`.
+    pub fn changed(&self) -> Arc<Notify> {
+        Arc::clone(&self.changed)
+    }
+
     async fn launch(&self, policy: &Policy) -> Result<Connected, UpstreamError> {
-        let (service, tools) = connect(&self.config, false).await?;
+        let client = UpstreamClient {
+            changed: Arc::clone(&self.changed),
+        };
+        let (service, tools) = connect(&self.config, false, client).await?;
         let generation = self.starts.fetch_add(1, Ordering::Relaxed) + 1;
         let check = check_tools(policy, &self.config.name, &tools);
         tracing::info!(
             server = %self.config.name,
             exposed = check.exposed.len(),
             refused = check.refused.len(),
-            "upstream started"
+            "upstream connected"
         );
         Ok(Connected {
             service,
@@ -258,7 +319,7 @@ impl Upstream {
         })
     }
 
-    /// The checked tools, launching the server if it is not running.
+    /// The checked tools, connecting if there is no live connection.
     pub async fn tools(&self, policy: &Policy) -> Result<Arc<ToolCheck>, UpstreamError> {
         let mut conn = self.conn.lock().await;
         if let Some(c) = conn.as_ref()
@@ -270,6 +331,48 @@ impl Upstream {
         let check = Arc::clone(&fresh.check);
         *conn = Some(fresh);
         Ok(check)
+    }
+
+    /// Read the upstream's tools again and check them (after its
+    /// `tools/list_changed`): a tool whose schema widened is withdrawn,
+    /// one that matches again is exposed again. Whether the listing
+    /// changed; `false` when there is no live connection (the next
+    /// connection reads the tools anyway).
+    pub async fn refresh(&self, policy: &Policy) -> Result<bool, UpstreamError> {
+        let server = self.config.name.clone();
+        let (peer, generation) = {
+            let conn = self.conn.lock().await;
+            match conn.as_ref() {
+                Some(c) if !c.service.is_closed() => (c.service.peer().clone(), c.generation),
+                _ => return Ok(false),
+            }
+        };
+        let timeout_ms = self.config.call_timeout_ms;
+        let tools = tokio::time::timeout(Duration::from_millis(timeout_ms), peer.list_all_tools())
+            .await
+            .map_err(|_| UpstreamError::Timeout {
+                server: server.clone(),
+                timeout_ms,
+            })?
+            .map_err(|e| UpstreamError::Protocol {
+                server: server.clone(),
+                message: format!("tools/list: {e}"),
+            })?;
+        let check = check_tools(policy, &server, &tools);
+        let mut conn = self.conn.lock().await;
+        let Some(c) = conn.as_mut().filter(|c| c.generation == generation) else {
+            return Ok(false);
+        };
+        let changed = listing_differs(&c.check, &check);
+        tracing::info!(
+            server = %server,
+            exposed = check.exposed.len(),
+            refused = check.refused.len(),
+            changed,
+            "upstream tools read again"
+        );
+        c.check = Arc::new(check);
+        Ok(changed)
     }
 
     /// Call the upstream's tool `tool` (its own name) with `arguments`.
@@ -318,7 +421,7 @@ impl Upstream {
             },
         };
         // Drop the connection that broke or hung (unless another call
-        // already replaced it): the next call relaunches.
+        // already replaced it): the next call connects again.
         let mut conn = self.conn.lock().await;
         if conn.as_ref().is_some_and(|c| c.generation == generation)
             && let Some(c) = conn.take()
@@ -331,7 +434,8 @@ impl Upstream {
         Err(failure)
     }
 
-    /// Stop the server if it runs.
+    /// Close the connection if there is one (a launched server is
+    /// stopped).
     pub async fn stop(&self) {
         if let Some(c) = self.conn.lock().await.take() {
             let _ = c.service.cancel().await;

@@ -247,7 +247,16 @@ pub async fn serve_with<S: Store>(
             () = &mut shutdown => break,
         };
         let stream = match accepted {
-            Ok((stream, _peer)) => stream,
+            Ok((stream, _peer)) => {
+                // No Nagle delay: an answer written in pieces (headers,
+                // then the events of a stream such as an MCP answer) is
+                // not held back waiting for the client's delayed
+                // acknowledgement (about 40 ms on loopback).
+                if let Err(e) = stream.set_nodelay(true) {
+                    tracing::debug!(error = %e, "TCP_NODELAY not set");
+                }
+                stream
+            }
             Err(e) => {
                 if !is_connection_error(&e) {
                     // Out of descriptors, say: back off instead of spinning.

@@ -36,6 +36,7 @@ pub(crate) fn routes<S: Store>(state: &AppState<S>) -> Router<AppState<S>> {
             .add_source(Arc::new(move || g.render_metrics()));
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let g = Arc::clone(&gateway);
+            gateway.watch();
             rt.spawn(async move {
                 g.start().await;
             });
