@@ -348,6 +348,9 @@ impl<S: Store> Engine<S> {
             .await?
         {
             ContextGate::Denied(decision) => {
+                // The step is recorded denied: a ticket this process still
+                // holds from an earlier `begin` (whose lease lapsed) is void.
+                self.inner.tickets.forget(run_id, step_id)?;
                 return Ok(StepGate::Refused {
                     decision,
                     refusal: StepRefusal::Denied,

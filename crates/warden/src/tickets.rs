@@ -95,6 +95,18 @@ impl Tickets {
     }
 }
 
+impl Tickets {
+    /// Drop the ticket of `run`/`step`, whoever holds it: the step's outcome
+    /// is recorded by someone else (the gate denied a later `begin` after the
+    /// lease lapsed), so completing it from this ticket must not fold its
+    /// labels into the run's envelope.
+    pub(crate) fn forget(&self, run: &RunId, step: &StepId) -> Result<(), EngineError> {
+        let mut map = self.map.lock().map_err(|_| poisoned())?;
+        map.remove(&(run.clone(), step.clone()));
+        Ok(())
+    }
+}
+
 fn poisoned() -> EngineError {
     EngineError::internal("step tickets lock poisoned by an earlier panic")
 }

@@ -848,6 +848,7 @@ fn signed_checkpoints_catch_a_rehashed_rewrite_on_postgres() {
     let (code, out) = verify(&["--trust", &public, "--anchors", anchor_arg]);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("its newest entries were deleted"), "{out}");
+}
 
 /// A step's lease lives in the database: a step begun on server A is
 /// `in_progress` on server B (which runs nothing), B refuses a completion

@@ -918,6 +918,7 @@ impl<S: Store> Pair<S> {
                     | StepGate::Executed { decision, .. }
                     | StepGate::Replay { decision, .. }
                     | StepGate::Refused { decision, .. }
+                    | StepGate::InProgress { decision, .. }
                     | StepGate::Escalated { decision, .. } => decision.clone(),
                 };
                 match (got, &want) {
@@ -925,6 +926,10 @@ impl<S: Store> Pair<S> {
                     (Ok(g @ StepGate::Replay { .. }), BeginOutcome::Replay) => {
                         check_eq!(d(&g).reason.as_str(), "step_replayed", "{op:?}");
                         vec![entry("step.begin", Verdict::Allow, "step_replayed")]
+                    }
+                    (Ok(g @ StepGate::InProgress { .. }), BeginOutcome::InProgress) => {
+                        check_eq!(d(&g).reason.as_str(), "step_in_progress", "{op:?}");
+                        vec![entry("step.begin", Verdict::Deny, "step_in_progress")]
                     }
                     (Ok(g @ StepGate::Refused { .. }), BeginOutcome::RunStopped) => {
                         check_eq!(d(&g).reason.as_str(), "run_stopped", "{op:?}");
@@ -1649,18 +1654,18 @@ fn chained_aggregation_rules_deny_a_later_step_and_bind_a_delegated_child() {
 // ----------------------------------------------------------------------
 
 /// Found by the model: a step the agent began (the gate let it proceed),
-/// then denied at a second `begin` because the agent was revoked, is
-/// recorded `Denied` and stops the run; yet completing it afterwards still
-/// consumes the first begin's ticket and folds the reported labels into the
-/// run's envelope, recording a `context.accumulate` allow for a step whose
-/// outcome is a denial, on behalf of a revoked agent. The model says a
-/// step with a recorded outcome completes to that outcome and changes
-/// nothing: no label folded, nothing recorded.
+/// then denied at a later `begin` (the agent revoked, its lease lapsed), is
+/// recorded `Denied` and stops the run; completing it afterwards consumed
+/// the first begin's ticket and folded the reported labels into the run's
+/// envelope, recording a `context.accumulate` allow for a step whose
+/// outcome is a denial, on behalf of a revoked agent. A step with a
+/// recorded outcome completes to that outcome and changes nothing: no
+/// label folded, nothing recorded.
 #[test]
-#[ignore = "engine defect: a denied step's stale ticket still folds labels on completion (steps.rs)"]
 fn completing_a_step_the_gate_denied_changes_nothing() {
     runtime().block_on(async {
-        let e = Engine::open(policy(), warden_store::MemoryStore::new(), clock())
+        let clock = clock();
+        let e = Engine::open(policy(), warden_store::MemoryStore::new(), clock.clone())
             .await
             .unwrap();
         let a = aid(0);
@@ -1684,6 +1689,11 @@ fn completing_a_step_the_gate_denied_changes_nothing() {
         let first = e.begin_step(&a, &run, &s2).await.unwrap();
         assert!(matches!(first, StepGate::Proceed { .. }));
         e.revoke_agent(&Caller::Operator, &a).await.unwrap();
+        // While the first begin's lease holds, a second begin decides
+        // nothing; once it lapses, the gate decides (and denies).
+        let held = e.begin_step(&a, &run, &s2).await.unwrap();
+        assert!(matches!(held, StepGate::InProgress { .. }), "{held:?}");
+        clock.advance(i64::try_from(e.policy().step_lease_ms).unwrap() + 1);
         let second = e.begin_step(&a, &run, &s2).await.unwrap();
         assert!(matches!(second, StepGate::Refused { .. }));
 

@@ -365,7 +365,8 @@ pub struct Run {
     pub sop: usize,
     pub outcomes: BTreeMap<String, Status>,
     /// Steps the gate let proceed whose completion is pending.
-    pub tickets: BTreeSet<String>,
+    /// Begun steps whose ticket (and lease) is held: when the lease lapses.
+    pub tickets: BTreeMap<String, i64>,
     /// Steps denied at a later `begin` while an earlier one's ticket was
     /// pending: completing them hits a known engine defect (see
     /// `completing_a_step_the_gate_denied_changes_nothing`), so the driver
@@ -441,12 +442,17 @@ pub enum WriteOutcome {
     NotFound,
 }
 
+/// A step's lease (the bundle's default `limits.step_lease_ms`).
+pub const STEP_LEASE_MS: i64 = 300_000;
+
 /// A begin's predicted outcome.
 #[derive(Debug, Clone, PartialEq)]
 pub enum BeginOutcome {
     /// No such run (of this agent) or step: an error, nothing recorded.
     NotFound,
     Replay,
+    /// Another begin holds the step's live lease.
+    InProgress,
     RunStopped,
     OutOfOrder,
     /// Denied by the gate: reason.
@@ -950,7 +956,7 @@ impl Model {
                 agent: actor.to_string(),
                 sop,
                 outcomes: BTreeMap::new(),
-                tickets: BTreeSet::new(),
+                tickets: BTreeMap::new(),
                 stale: BTreeSet::new(),
                 envelope: self.agents[actor].envelope.clone().unwrap_or_default(),
             },
@@ -1009,6 +1015,12 @@ impl Model {
         {
             return BeginOutcome::OutOfOrder;
         }
+        // Another begin holds the step's live lease: nothing is decided.
+        if !action.starts_with("memory.")
+            && r.tickets.get(step).is_some_and(|&until| self.now < until)
+        {
+            return BeginOutcome::InProgress;
+        }
         let denied = if !active {
             Some("agent_revoked".to_string())
         } else if r.envelope.denies(action) {
@@ -1025,14 +1037,14 @@ impl Model {
         };
         if let Some(reason) = denied {
             r.outcomes.insert(step.to_string(), Status::Denied);
-            if r.tickets.remove(step) {
+            if r.tickets.remove(step).is_some() {
                 r.stale.insert(step.to_string());
             }
             return BeginOutcome::Denied(reason);
         }
         let constrained = !r.envelope.restrictions.is_empty();
         if !action.starts_with("memory.") {
-            r.tickets.insert(step.to_string());
+            r.tickets.insert(step.to_string(), self.now + STEP_LEASE_MS);
             return BeginOutcome::Proceed(constrained);
         }
         // A memory step: the engine performs it as the run's agent and
@@ -1085,7 +1097,7 @@ impl Model {
             return CompleteOutcome::NotFound;
         };
         let r = self.runs.get_mut(run).unwrap();
-        if !r.tickets.remove(step) {
+        if r.tickets.remove(step).is_none() {
             return match r.outcomes.get(step) {
                 Some(s) => CompleteOutcome::Existing(*s),
                 None => CompleteOutcome::NotBegun,
