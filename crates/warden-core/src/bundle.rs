@@ -25,7 +25,7 @@ use crate::envelope::{ContextPolicy, ContextPolicySpec, IssuerId};
 use crate::hierarchy::{AgentSpec, Hierarchy, HierarchyError, HierarchyLimits};
 use crate::ids::{ActionName, AgentId, Key, Namespace};
 use crate::json::{PathSeg, render_path};
-use crate::lockdown::{self, BLOCK_WRITE_TAG};
+use crate::lockdown::{self, BLOCK_WRITE_TAG, LockdownSpec, Vocabulary};
 use crate::mcp::{McpServer, McpServerSpec, compile_servers};
 use crate::memory::{Combinator, RecordClass, Visibility};
 use crate::provenance::{IndexLimits, Otherwise, OutputSpec};
@@ -73,6 +73,11 @@ pub struct BundleSpec {
     /// `T` of server `S` is the action `S.T`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub mcp_servers: BTreeMap<String, McpServerSpec>,
+    /// Delegation lockdown: tool names, presets and patterns added to the
+    /// built-in write-surface vocabulary (see [`crate::lockdown`]). It can
+    /// only add; the built-in vocabulary is always on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lockdown: Option<LockdownSpec>,
 }
 
 /// The `sessions:` section.
@@ -397,6 +402,7 @@ pub struct Policy {
     sessions: SessionPolicy,
     trusted_issuers: BTreeMap<IssuerId, VerifyingKey>,
     mcp_servers: Vec<McpServer>,
+    lockdown: Vocabulary,
 }
 
 /// Parse bundle text (YAML or JSON) into its spec, with located syntax errors.
@@ -495,6 +501,15 @@ impl Policy {
         let sessions =
             SessionPolicy::compile(&spec.sessions.clone().unwrap_or_default(), &mut push);
         let trusted_issuers = compile_issuers(&spec.trusted_issuers, &mut push);
+        let vocabulary = match &spec.lockdown {
+            None => Vocabulary::builtin().clone(),
+            Some(section) => Vocabulary::compile(section).unwrap_or_else(|found| {
+                for issue in found {
+                    push(issue.location, issue.message);
+                }
+                Vocabulary::builtin().clone()
+            }),
+        };
 
         let Some(catalogue) = catalogue else {
             return Err(BundleError { issues });
@@ -529,7 +544,8 @@ impl Policy {
                 }
             }
             if a.parent.is_some()
-                && let Err(e) = lockdown::check_prebuilt_child(&a.tools, a.config.as_ref())
+                && let Err(e) =
+                    lockdown::check_prebuilt_child(&vocabulary, &a.tools, a.config.as_ref())
             {
                 push(format!("agents[{i}]"), e.to_string());
             }
@@ -630,6 +646,7 @@ impl Policy {
             sessions,
             trusted_issuers,
             mcp_servers,
+            lockdown: vocabulary,
         })
     }
 
@@ -654,6 +671,19 @@ impl Policy {
             .filter(|a| set.contains(a.index().get()))
             .map(|a| a.name().clone())
             .collect()
+    }
+
+    /// The delegation-lockdown vocabulary: the built-in one plus the
+    /// bundle's `lockdown:` section. Every check of a delegated child's tool
+    /// names goes through it.
+    pub fn lockdown(&self) -> &Vocabulary {
+        &self.lockdown
+    }
+
+    /// One line per part of the lockdown vocabulary (built-in rules, then
+    /// the bundle's presets, names and patterns), for `warden policy lint`.
+    pub fn explain_lockdown(&self) -> Vec<String> {
+        self.lockdown.explain()
     }
 
     /// The `mcp_servers:` section, by name.

@@ -141,7 +141,7 @@
 mod embedded;
 mod fingerprint;
 mod index;
-mod normalise;
+pub(crate) mod normalise;
 mod path;
 mod rules;
 
