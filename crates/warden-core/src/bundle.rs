@@ -1205,4 +1205,74 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn the_lockdown_section_is_described_compiled_and_enforced_on_seeds() {
+        let schema = schema();
+        let text = schema.to_string();
+        assert!(
+            schema["properties"]
+                .as_object()
+                .unwrap()
+                .contains_key("lockdown")
+        );
+        for word in [
+            "presets",
+            "write_surface_names",
+            "write_surface_patterns",
+            "langgraph",
+            "mcp_memory",
+        ] {
+            assert!(text.contains(word), "{word}");
+        }
+        let base = "policy_version: s\nagents:\n  - id: root\n  - id: kid\n    parent: root\n    tools: [manage_memory]\n";
+        // Without a preset the LangMem tool is not a write surface ...
+        compile(base).unwrap();
+        // ... with it, the seed is refused, located.
+        let err = compile(&format!("{base}lockdown:\n  presets: [langgraph]\n")).unwrap_err();
+        assert!(
+            err.issues
+                .iter()
+                .any(|i| i.location == "agents[1]" && i.message.contains("manage_memory")),
+            "{err:?}"
+        );
+        // The built-in Letta names need no section at all.
+        let letta = base.replace("manage_memory", "core_memory_append");
+        assert!(compile(&letta).is_err());
+        // Bad entries are located; unknown presets and fields are refused.
+        let err = compile(
+            "policy_version: s\nlockdown:\n  write_surface_names: ['--']\n  write_surface_patterns: ['*']\n",
+        )
+        .unwrap_err();
+        let locations: Vec<&str> = err.issues.iter().map(|i| i.location.as_str()).collect();
+        assert_eq!(
+            locations,
+            [
+                "lockdown.write_surface_names[0]",
+                "lockdown.write_surface_patterns[0]"
+            ]
+        );
+        assert!(compile("policy_version: s\nlockdown:\n  presets: [nope]\n").is_err());
+        assert!(compile("policy_version: s\nlockdown:\n  remove: [letta]\n").is_err());
+        // The compiled vocabulary is the policy's, and lint explains it.
+        let p = compile("policy_version: s\nlockdown:\n  presets: [mem0]\n  write_surface_names: [save_persona]\n").unwrap();
+        assert!(p.lockdown().is_write_surface("add_memories"));
+        assert!(p.lockdown().is_write_surface("mcp__x__SavePersona"));
+        let lines = p.explain_lockdown();
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("mem0 adds whole names add_memories")),
+            "{lines:?}"
+        );
+        assert!(
+            lines.iter().any(|l| l.contains("save_persona")),
+            "{lines:?}"
+        );
+        // A bundle without the section gets the built-in vocabulary.
+        assert_eq!(
+            compile("policy_version: s\n").unwrap().lockdown(),
+            Vocabulary::builtin()
+        );
+    }
 }
