@@ -93,6 +93,39 @@
 //! `get_block_then_set` and a bare `memory_block` do not. A whole name or a
 //! pattern is never read as a read: the operator listed it as a write.
 //!
+//! # Presets: which frameworks, and why
+//!
+//! A bundle turns presets on with `lockdown: {presets: [...]}`
+//! ([`Preset`]). Each one is the memory-writing tools of a framework whose
+//! agents are commonly delegated to:
+//!
+//! - `letta` (Letta, formerly MemGPT): its core-memory blocks *are* prompt
+//!   blocks, the thing this lockdown protects, so its tools
+//!   (`core_memory_append`, `core_memory_replace`, `memory_insert`,
+//!   `memory_replace`, `memory_rethink`, `memory_finish_edits`, `memory`,
+//!   `rethink_memory`, `finish_rethinking_memory`) are **built in and always
+//!   on**; naming the preset changes nothing. `memory` is also the name of
+//!   Anthropic's memory tool, which writes the files a Claude agent reads
+//!   back into its context, so it is caught under that name too.
+//!   `archival_memory_insert` writes archival (searched, not prompt) memory
+//!   and is not caught.
+//! - `langgraph` (LangGraph and LangMem): `manage_memory`, LangMem's
+//!   create/update/delete tool over the store that is injected into the
+//!   prompt, and `upsert_memory`, the LangGraph memory-agent template's tool.
+//! - `mem0` (Mem0 and its OpenMemory MCP server): `add_memories`,
+//!   `add_memory`, `update_memory`, `delete_memory`, `delete_memories`,
+//!   `delete_all_memories`.
+//! - `mcp_memory` (the reference MCP knowledge-graph memory server):
+//!   `create_entities`, `create_relations`, `add_observations` and the
+//!   `delete_*` tools. Opt-in, because these names are generic.
+//!
+//! There is no preset for the OpenAI Agents SDK: its memory (sessions) is
+//! written by the SDK around the model, not by a tool the model calls, so
+//! there is no tool name to refuse. CrewAI and AutoGen are in the same case.
+//! The presets other than `letta` are opt-in because their names
+//! (`add_memory`, `create_entities`) are ordinary words in other toolsets;
+//! a bundle that delegates to such agents turns them on.
+//!
 //! No name check can catch a write tool whose name lies outside the
 //! vocabulary (`grant_edit`, `set_rules`), or look-alikes TR39 does not map
 //! one character at a time (`rn` for `m` is mapped, since `m`'s skeleton is

@@ -96,7 +96,7 @@ fn pass(name: &str, first: bool) -> String {
     let mut pending = Sep::None;
     let mut prev_sep: Option<char> = None;
     let mut prev_lower = false;
-    let mut emit = |out: &mut String, pending: &mut Sep, f: char| {
+    let emit = |out: &mut String, pending: &mut Sep, f: char| {
         match *pending {
             _ if out.is_empty() => {}
             Sep::None => {}
