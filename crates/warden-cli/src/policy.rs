@@ -22,6 +22,12 @@ pub fn lint(file: &Path) -> anyhow::Result<ExitCode> {
             for line in policy.explain_provenance() {
                 println!("  {line}");
             }
+            // What the `lockdown:` section adds to the built-in vocabulary.
+            if policy.spec.lockdown.is_some() {
+                for line in policy.explain_lockdown() {
+                    println!("  {line}");
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {

@@ -25,7 +25,7 @@ use crate::envelope::{ContextPolicy, ContextPolicySpec, IssuerId};
 use crate::hierarchy::{AgentSpec, Hierarchy, HierarchyError, HierarchyLimits};
 use crate::ids::{ActionName, AgentId, Key, Namespace};
 use crate::json::{PathSeg, render_path};
-use crate::lockdown::{self, BLOCK_WRITE_TAG};
+use crate::lockdown::{self, BLOCK_WRITE_TAG, LockdownSpec, Vocabulary};
 use crate::mcp::{McpServer, McpServerSpec, compile_servers};
 use crate::memory::{Combinator, RecordClass, Visibility};
 use crate::provenance::{IndexLimits, Otherwise, OutputSpec};
@@ -73,6 +73,11 @@ pub struct BundleSpec {
     /// `T` of server `S` is the action `S.T`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub mcp_servers: BTreeMap<String, McpServerSpec>,
+    /// Delegation lockdown: tool names, presets and patterns added to the
+    /// built-in write-surface vocabulary (see [`crate::lockdown`]). It can
+    /// only add; the built-in vocabulary is always on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lockdown: Option<LockdownSpec>,
 }
 
 /// The `sessions:` section.
@@ -422,6 +427,7 @@ pub struct Policy {
     sessions: SessionPolicy,
     trusted_issuers: BTreeMap<IssuerId, VerifyingKey>,
     mcp_servers: Vec<McpServer>,
+    lockdown: Vocabulary,
 }
 
 /// Parse bundle text (YAML or JSON) into its spec, with located syntax errors.
@@ -531,6 +537,15 @@ impl Policy {
         let sessions =
             SessionPolicy::compile(&spec.sessions.clone().unwrap_or_default(), &mut push);
         let trusted_issuers = compile_issuers(&spec.trusted_issuers, &mut push);
+        let vocabulary = match &spec.lockdown {
+            None => Vocabulary::builtin().clone(),
+            Some(section) => Vocabulary::compile(section).unwrap_or_else(|found| {
+                for issue in found {
+                    push(issue.location, issue.message);
+                }
+                Vocabulary::builtin().clone()
+            }),
+        };
 
         let Some(catalogue) = catalogue else {
             return Err(BundleError { issues });
@@ -565,7 +580,8 @@ impl Policy {
                 }
             }
             if a.parent.is_some()
-                && let Err(e) = lockdown::check_prebuilt_child(&a.tools, a.config.as_ref())
+                && let Err(e) =
+                    lockdown::check_prebuilt_child(&vocabulary, &a.tools, a.config.as_ref())
             {
                 push(format!("agents[{i}]"), e.to_string());
             }
@@ -667,6 +683,7 @@ impl Policy {
             sessions,
             trusted_issuers,
             mcp_servers,
+            lockdown: vocabulary,
         })
     }
 
@@ -691,6 +708,19 @@ impl Policy {
             .filter(|a| set.contains(a.index().get()))
             .map(|a| a.name().clone())
             .collect()
+    }
+
+    /// The delegation-lockdown vocabulary: the built-in one plus the
+    /// bundle's `lockdown:` section. Every check of a delegated child's tool
+    /// names goes through it.
+    pub fn lockdown(&self) -> &Vocabulary {
+        &self.lockdown
+    }
+
+    /// One line per part of the lockdown vocabulary (built-in rules, then
+    /// the bundle's presets, names and patterns), for `warden policy lint`.
+    pub fn explain_lockdown(&self) -> Vec<String> {
+        self.lockdown.explain()
     }
 
     /// The `mcp_servers:` section, by name.
@@ -1211,5 +1241,75 @@ mod tests {
                 let _ = compile(&text);
             }
         }
+    }
+
+    #[test]
+    fn the_lockdown_section_is_described_compiled_and_enforced_on_seeds() {
+        let schema = schema();
+        let text = schema.to_string();
+        assert!(
+            schema["properties"]
+                .as_object()
+                .unwrap()
+                .contains_key("lockdown")
+        );
+        for word in [
+            "presets",
+            "write_surface_names",
+            "write_surface_patterns",
+            "langgraph",
+            "mcp_memory",
+        ] {
+            assert!(text.contains(word), "{word}");
+        }
+        let base = "policy_version: s\nagents:\n  - id: root\n  - id: kid\n    parent: root\n    tools: [manage_memory]\n";
+        // Without a preset the LangMem tool is not a write surface ...
+        compile(base).unwrap();
+        // ... with it, the seed is refused, located.
+        let err = compile(&format!("{base}lockdown:\n  presets: [langgraph]\n")).unwrap_err();
+        assert!(
+            err.issues
+                .iter()
+                .any(|i| i.location == "agents[1]" && i.message.contains("manage_memory")),
+            "{err:?}"
+        );
+        // The built-in Letta names need no section at all.
+        let letta = base.replace("manage_memory", "core_memory_append");
+        assert!(compile(&letta).is_err());
+        // Bad entries are located; unknown presets and fields are refused.
+        let err = compile(
+            "policy_version: s\nlockdown:\n  write_surface_names: ['--']\n  write_surface_patterns: ['*']\n",
+        )
+        .unwrap_err();
+        let locations: Vec<&str> = err.issues.iter().map(|i| i.location.as_str()).collect();
+        assert_eq!(
+            locations,
+            [
+                "lockdown.write_surface_names[0]",
+                "lockdown.write_surface_patterns[0]"
+            ]
+        );
+        assert!(compile("policy_version: s\nlockdown:\n  presets: [nope]\n").is_err());
+        assert!(compile("policy_version: s\nlockdown:\n  remove: [letta]\n").is_err());
+        // The compiled vocabulary is the policy's, and lint explains it.
+        let p = compile("policy_version: s\nlockdown:\n  presets: [mem0]\n  write_surface_names: [save_persona]\n").unwrap();
+        assert!(p.lockdown().is_write_surface("add_memories"));
+        assert!(p.lockdown().is_write_surface("mcp__x__SavePersona"));
+        let lines = p.explain_lockdown();
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("mem0 adds whole names add_memories")),
+            "{lines:?}"
+        );
+        assert!(
+            lines.iter().any(|l| l.contains("save_persona")),
+            "{lines:?}"
+        );
+        // A bundle without the section gets the built-in vocabulary.
+        assert_eq!(
+            compile("policy_version: s\n").unwrap().lockdown(),
+            Vocabulary::builtin()
+        );
     }
 }

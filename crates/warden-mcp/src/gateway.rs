@@ -14,7 +14,7 @@ use warden::{CallResult, Caller, Engine, EngineError, OpenSession, ProposedCall,
 use warden_core::canonical::to_canonical;
 use warden_core::decision::{Obligation, Verdict};
 use warden_core::ids::{ActionName, AgentId, CallId, SessionId};
-use warden_core::lockdown::{BLOCK_WRITE_TAG, is_write_surface_tool_name};
+use warden_core::lockdown::BLOCK_WRITE_TAG;
 use warden_core::mcp::split_action;
 use warden_store::{EscalationStatus, Store};
 
@@ -271,6 +271,7 @@ impl<S: Store + 'static> Gateway<S> {
             return false;
         }
         if has_parent {
+            let vocabulary = self.engine.policy().lockdown();
             let tagged = self
                 .engine
                 .policy()
@@ -278,8 +279,8 @@ impl<S: Store + 'static> Gateway<S> {
                 .by_name(action.as_str())
                 .is_none_or(|a| a.has_tag(BLOCK_WRITE_TAG));
             if tagged
-                || is_write_surface_tool_name(tool)
-                || is_write_surface_tool_name(action.as_str())
+                || vocabulary.is_write_surface(tool)
+                || vocabulary.is_write_surface(action.as_str())
             {
                 return false;
             }

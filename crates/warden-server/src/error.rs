@@ -230,7 +230,7 @@ pub fn hierarchy_error(e: &HierarchyError) -> ApiError {
 pub fn lockdown_error(e: &LockdownError) -> ApiError {
     let code = e.reason().to_string();
     let status = match e {
-        LockdownError::WriteSurfaceTool { .. } | LockdownError::SelfEditRequested => {
+        LockdownError::WriteSurfaceTool { .. } | LockdownError::SelfEditRequested { .. } => {
             StatusCode::FORBIDDEN
         }
         LockdownError::SelfEditFlagNotBoolean { .. } | LockdownError::ConfigNotObject { .. } => {

@@ -306,9 +306,12 @@ impl<S: Store> Engine<S> {
         let tools = req.tools.clone().unwrap_or_default();
         if req.parent.is_some() {
             let checked = match &req.tools {
-                Some(tools) => {
-                    lockdown::check_prebuilt_child(tools, req.config.as_ref()).map(|()| None)
-                }
+                Some(tools) => lockdown::check_prebuilt_child(
+                    self.inner.policy.lockdown(),
+                    tools,
+                    req.config.as_ref(),
+                )
+                .map(|()| None),
                 None => match &req.config {
                     None => Ok(None),
                     Some(c) => lockdown::sanitise_child_config(c).map(|s| match s {

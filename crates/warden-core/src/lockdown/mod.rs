@@ -28,66 +28,141 @@
 //! ([`LockdownError::SelfEditFlagNotBoolean`]), because a value whose meaning
 //! has to be guessed is a value the caller did not mean.
 //!
-//! # What the tool-name check can and cannot do
+//! # The self-edit flag: near-miss keys are the flag
 //!
-//! [`is_write_surface_tool_name`] is a heuristic over names. The rules, all
-//! applied to the trimmed name with case folded:
+//! A framework that reads `Prompt_Block_Self_Edit`, `promptBlockSelfEdit` or
+//! a copy of the flag nested under its own section would grant the surface
+//! to a config that spells the key differently from [`SELF_EDIT_FIELD`]. So
+//! every key, at any depth of the config (inside objects and arrays), whose
+//! canonical spelling ([`canonical_name`]: case, separators, whitespace,
+//! camelCase, invisible characters and look-alike letters folded) is that of
+//! [`SELF_EDIT_FIELD`] *is* the flag. The config asks for the surface if any
+//! of them is `true`; every one of them must be a boolean or null. A spec-built
+//! child gets every such `true` set to `false`, under the key as written; a
+//! pre-built child is refused, naming the key's path. Treating the near
+//! misses as the flag (rather than refusing them as ambiguous) keeps the
+//! check in the one direction that cannot grant the surface: whatever
+//! spelling the framework reads, it reads `false`.
 //!
-//! - **Separators.** Every character that is not a letter or digit (`_`, `-`,
-//!   `.`, `/`, `:`, spaces, `__`, any non-ASCII symbol) separates words. A
-//!   non-ASCII character whose lowercase form is a single ASCII letter or digit
-//!   (the Kelvin sign `K`) counts as that letter.
-//! - **Joined words.** Between the two words of a vocabulary entry any run of
-//!   separators, including none, is accepted, so `memory_block`,
-//!   `memory-block`, `memory.block`, `memory block`, `memoryBlock` and
-//!   `memoryblock` are all the same entry. Case folding erases camelCase
-//!   boundaries, which is what makes the check indifferent to the shift key:
-//!   `memoryblockappend` and `memoryBlockAppend` must get the same answer.
-//! - **Reserved namespace, [`WRITE_SURFACE_NAMESPACE`].** `memory` + `block`
-//!   matches *anywhere* in the name, followed by anything or nothing. The
-//!   whole namespace is reserved, so a verb added under it tomorrow
-//!   (`memory_block_frobnicate`) is caught today, and so are the framework's
-//!   own tools behind any client prefix (`mcp__srv__memory_block_append`,
-//!   `srv.memory_block_append`, `srv/memory_block_append`,
-//!   `srvMemoryBlockAppend`). This is deliberately broad: `memory_blocks_list`,
-//!   `memory_block_read` and `memoryblock` are write surfaces too.
-//! - **Verb families, [`WRITE_SURFACE_VERB_FAMILIES`].** `edit`, `write`,
-//!   `update`, `append`, `replace` or `rewrite` followed by `block`, and
-//!   `block` followed by `edit`, followed by anything or nothing
-//!   (`edit_blocks`, `block_editor_theme`). These must start a word (the start
-//!   of the name or right after a separator), so a server prefix is stripped
-//!   (`mcp__srv__edit_block`) but ordinary words that merely end in a verb are
-//!   not (`credit_block_report`, `overwrite_block`).
-//! - Everything else is allowed: `block`, `readonly_block`, `blocked_items`,
-//!   `blocklist_read`, `edit_blog`, `memory_read`, `grant_edit`, the empty name.
+//! # The write-surface vocabulary
 //!
-//! A name check cannot catch a write tool whose name lies outside the
-//! vocabulary (`grant_edit`, `set_rules`), spelled with look-alike characters,
-//! or glued to a prefix in camelCase (`srvEditBlock`). No name check can. The
-//! **authoritative control is the capability catalogue**: every action tagged
-//! [`BLOCK_WRITE_TAG`] is a block write, whatever it is called, and the engine
-//! strips those actions from every delegated child's effective capabilities.
-//! The name check is the second line, for tools a client registers on a child
-//! directly.
+//! The tool-name check ([`Vocabulary::is_write_surface`], and
+//! [`is_write_surface_tool_name`] for the built-in vocabulary alone) is a
+//! heuristic over names. The vocabulary is data: the built-in rules below,
+//! always on, plus what the bundle's `lockdown:` section
+//! ([`LockdownSpec`]) adds: shipped [`Preset`]s, whole names
+//! (`write_surface_names`) and patterns (`write_surface_patterns`). A bundle
+//! can only add; a child can change nothing about it.
 //!
-//! The vocabulary is pinned by the near-miss corpus in
-//! `tests/data/lockdown-corpus.tsv` (read with [`parse_corpus`]); the engine
-//! and server tests run the same corpus through child registration.
+//! Every name is first put in its canonical spelling ([`canonical_name`]):
+//! NFKC, invisible (default-ignorable, bidi-control) characters and
+//! combining marks removed, every letter replaced by its TR39 confusable
+//! skeleton and lowercased, separators reduced to `_` between words and `.`
+//! between namespace segments (`.`, `/`, `:`, `__` and other symbols; a
+//! client prefix such as `mcp__srv__` or `srv.` is a segment), camelCase
+//! humps starting words. Entries of the vocabulary are canonicalised the
+//! same way, and matching compares letters and digits only, so two words
+//! may be written joined or apart (`memory_block`, `memoryBlock`,
+//! `memoryblock`). A name is a write surface if:
+//!
+//! - **Whole names.** From the start of the name or of any namespace
+//!   segment to the end, it *is* a listed name: the built-in
+//!   [`BUILTIN_NAMES`] (Letta's `memory`, `memory_insert`, `memory_replace`,
+//!   `memory_rethink`, ...), the names of each turned-on preset and the
+//!   bundle's `write_surface_names`. `mcp__srv__memory_insert` and
+//!   `srv.Memory` are caught; `archival_memory_insert` (a single `_` is a
+//!   word, not a prefix) and `memory_search` are not.
+//! - **Patterns.** Its letters and digits match one of the bundle's
+//!   `write_surface_patterns` (`*` for any run).
+//! - **Reserved namespaces, [`BUILTIN_NAMESPACES`].** `memory` + `block` or
+//!   `core` + `memory` occurs *anywhere* in it (`memory_block_frobnicate`,
+//!   `srvMemoryBlockAppend`, `core_memory_append`), unless it is a read.
+//! - **Verb families.** At the start of a word, one of
+//!   [`BUILTIN_VERB_BLOCK`] followed by `block` (`edit_block`, `set_block`,
+//!   `srvEditBlock`) or `block` followed by one of [`BUILTIN_BLOCK_VERB`]
+//!   (`block_update`, `block_editor`), followed by anything, unless it is a
+//!   read. Words that merely end in a verb are not caught
+//!   (`credit_block_report`).
+//!
+//! **Reads stay readable.** A name matched only by a reserved namespace or
+//! a verb family is a read, and allowed, when a word of its last namespace
+//! segment is one of [`READ_VERBS`] (`read`, `get`, `list`, `view`,
+//! `search`, ..., or that verb plus `s`) and none of [`WRITE_VERBS`] occurs
+//! anywhere in its letters, even inside a word: `read_memory_block`,
+//! `memory_blocks_list` and `view_core_memory` pass; `read_and_update_block`,
+//! `get_block_then_set` and a bare `memory_block` do not. A whole name or a
+//! pattern is never read as a read: the operator listed it as a write.
+//!
+//! # Presets: which frameworks, and why
+//!
+//! A bundle turns presets on with `lockdown: {presets: [...]}`
+//! ([`Preset`]). Each one is the memory-writing tools of a framework whose
+//! agents are commonly delegated to:
+//!
+//! - `letta` (Letta, formerly MemGPT): its core-memory blocks *are* prompt
+//!   blocks, the thing this lockdown protects, so its tools
+//!   (`core_memory_append`, `core_memory_replace`, `memory_insert`,
+//!   `memory_replace`, `memory_rethink`, `memory_finish_edits`, `memory`,
+//!   `rethink_memory`, `finish_rethinking_memory`) are **built in and always
+//!   on**; naming the preset changes nothing. `memory` is also the name of
+//!   Anthropic's memory tool, which writes the files a Claude agent reads
+//!   back into its context, so it is caught under that name too.
+//!   `archival_memory_insert` writes archival (searched, not prompt) memory
+//!   and is not caught.
+//! - `langgraph` (LangGraph and LangMem): `manage_memory`, LangMem's
+//!   create/update/delete tool over the store that is injected into the
+//!   prompt, and `upsert_memory`, the LangGraph memory-agent template's tool.
+//! - `mem0` (Mem0 and its OpenMemory MCP server): `add_memories`,
+//!   `add_memory`, `update_memory`, `delete_memory`, `delete_memories`,
+//!   `delete_all_memories`.
+//! - `mcp_memory` (the reference MCP knowledge-graph memory server):
+//!   `create_entities`, `create_relations`, `add_observations` and the
+//!   `delete_*` tools. Opt-in, because these names are generic.
+//!
+//! There is no preset for the OpenAI Agents SDK: its memory (sessions) is
+//! written by the SDK around the model, not by a tool the model calls, so
+//! there is no tool name to refuse. CrewAI and AutoGen are in the same case.
+//! The presets other than `letta` are opt-in because their names
+//! (`add_memory`, `create_entities`) are ordinary words in other toolsets;
+//! a bundle that delegates to such agents turns them on.
+//!
+//! No name check can catch a write tool whose name lies outside the
+//! vocabulary (`grant_edit`, `set_rules`), or look-alikes TR39 does not map
+//! one character at a time (`rn` for `m` is mapped, since `m`'s skeleton is
+//! `rn`; a letter dropped or doubled is not). The **authoritative control
+//! is the capability catalogue**: every action tagged [`BLOCK_WRITE_TAG`] is
+//! a block write, whatever it is called, and the engine strips those actions
+//! from every delegated child's effective capabilities. The name check is
+//! the second line, for tools a client registers on a child directly.
+//!
+//! The vocabulary is pinned by the corpus in `tests/data/lockdown-corpus.tsv`
+//! (read with [`parse_corpus`]); the engine and server tests run the same
+//! corpus through child registration.
 
 mod corpus;
 mod names;
+mod normalise;
 #[cfg(test)]
 mod tests;
+mod vocabulary;
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
+use std::sync::LazyLock;
 
 use serde_json::Value;
 
 use crate::decision::Reason;
+use crate::json::{PathSeg, render_path};
+use normalise::glued;
 
 pub use corpus::parse_corpus;
 pub use names::is_write_surface_tool_name;
+pub use normalise::canonical_name;
+pub use vocabulary::{
+    BUILTIN_BLOCK_VERB, BUILTIN_NAMES, BUILTIN_NAMESPACES, BUILTIN_VERB_BLOCK, LockdownSpec,
+    MAX_ENTRY_LEN, MAX_EXTRA_ENTRIES, Preset, READ_VERBS, SpecIssue, Vocabulary, WRITE_VERBS,
+};
 
 /// The child-config field that asks for the prompt-block self-edit surface.
 ///
@@ -101,26 +176,6 @@ pub const SELF_EDIT_FIELD: &str = "prompt_block_self_edit";
 /// effective capabilities of every delegated child, on every construction
 /// path, so a block-write action reaches a child under no name at all.
 pub const BLOCK_WRITE_TAG: &str = "block_write";
-
-/// The reserved tool-name namespace, in its canonical spelling.
-///
-/// The whole namespace is reserved, not a list of verbs in it; see the module
-/// docs for how spelling variants and client prefixes are matched.
-pub const WRITE_SURFACE_NAMESPACE: &str = "memory_block_";
-
-/// The verb families that wrap the block-write API, in canonical spelling.
-///
-/// Each entry matches as a prefix at the start of a word (`edit_block*`); see
-/// the module docs for how spelling variants are matched.
-pub const WRITE_SURFACE_VERB_FAMILIES: [&str; 7] = [
-    "edit_block",
-    "write_block",
-    "update_block",
-    "append_block",
-    "replace_block",
-    "rewrite_block",
-    "block_edit",
-];
 
 /// Reason: a child was refused because it carries a block-write tool.
 pub const CHILD_WRITE_SURFACE_TOOL: Reason = Reason::code("child_write_surface_tool");
@@ -148,17 +203,26 @@ pub enum LockdownError {
         /// Every offending tool name, as given and in the given order.
         tools: Vec<String>,
     },
-    /// A pre-built child's config sets [`SELF_EDIT_FIELD`] to `true`.
+    /// A pre-built child's config sets the self-edit flag ([`SELF_EDIT_FIELD`]
+    /// or a near-miss spelling of it, at any depth) to `true`.
     #[error(
-        "child config sets `prompt_block_self_edit` to true and a pre-built child cannot be sanitised: set the flag to false, or register the child from a spec so the parent builds it with the flag cleared"
+        "child config sets {} (the self-edit flag `prompt_block_self_edit`) to true and a pre-built child cannot be sanitised: set the flag to false, or register the child from a spec so the parent builds it with the flag cleared",
+        backtick(.key)
     )]
-    SelfEditRequested,
-    /// The config's [`SELF_EDIT_FIELD`] holds something other than a boolean
-    /// or null; it is never coerced either way.
+    SelfEditRequested {
+        /// The path of the first key set to `true` (`agent.promptBlockSelfEdit`).
+        key: String,
+    },
+    /// A self-edit flag key ([`SELF_EDIT_FIELD`] or a near-miss spelling of
+    /// it, at any depth) holds something other than a boolean or null; it is
+    /// never coerced either way.
     #[error(
-        "child config field `prompt_block_self_edit` must be a boolean, found a JSON {found}; it is never coerced: set it to false or leave it out"
+        "child config field {} (the self-edit flag `prompt_block_self_edit`) must be a boolean, found a JSON {found}; it is never coerced: set it to false or leave it out",
+        backtick(.key)
     )]
     SelfEditFlagNotBoolean {
+        /// The path of the first such key.
+        key: String,
         /// The JSON type found (`string`, `number`, `array`, `object`).
         found: &'static str,
     },
@@ -175,7 +239,7 @@ impl LockdownError {
     pub fn reason(&self) -> Reason {
         match self {
             LockdownError::WriteSurfaceTool { .. } => CHILD_WRITE_SURFACE_TOOL,
-            LockdownError::SelfEditRequested => CHILD_SELF_EDIT_REQUESTED,
+            LockdownError::SelfEditRequested { .. } => CHILD_SELF_EDIT_REQUESTED,
             LockdownError::SelfEditFlagNotBoolean { .. } => CHILD_SELF_EDIT_FLAG_INVALID,
             LockdownError::ConfigNotObject { .. } => CHILD_CONFIG_INVALID,
         }
@@ -224,40 +288,108 @@ impl<'a> Sanitised<'a> {
     }
 }
 
+/// Whether a config key is the self-edit flag: its canonical spelling is
+/// that of [`SELF_EDIT_FIELD`] (see the module docs).
+pub fn is_self_edit_key(key: &str) -> bool {
+    static FLAG: LazyLock<String> = LazyLock::new(|| glued(&canonical_name(SELF_EDIT_FIELD)));
+    // Cheap refusal first: every spelling has at least the flag's letters
+    // once invisible characters are gone, and a skeleton never shrinks a
+    // letter to nothing.
+    key.len() >= 8 && glued(&canonical_name(key)) == *FLAG
+}
+
+/// The self-edit flag keys of `config` that are `true` (their paths, in
+/// document order), or the first type error.
+fn true_flags(config: &Value) -> Result<Vec<String>, LockdownError> {
+    match config {
+        Value::Null => return Ok(Vec::new()),
+        Value::Object(_) => {}
+        other => {
+            return Err(LockdownError::ConfigNotObject {
+                found: json_type_name(other),
+            });
+        }
+    }
+    // Iterative, so a deep config cannot exhaust the stack. A path is kept
+    // as its last step and the index of its parent's, and rendered only for
+    // a key that is reported, so the walk stays linear in the config's size.
+    let mut steps: Vec<(usize, PathSeg<'_>)> = Vec::new();
+    let path_of = |steps: &[(usize, PathSeg<'_>)], mut at: usize| {
+        let mut segs = Vec::new();
+        while let Some(&(parent, seg)) = steps.get(at) {
+            segs.push(seg);
+            at = parent;
+        }
+        segs.reverse();
+        render_path("", segs)
+    };
+    let mut found = Vec::new();
+    // Containers to visit with the index of their step (usize::MAX: the
+    // root), pushed in reverse so they are visited in document order.
+    let mut stack: Vec<(usize, &Value)> = vec![(usize::MAX, config)];
+    while let Some((at, value)) = stack.pop() {
+        let mut children = Vec::new();
+        match value {
+            Value::Object(map) => {
+                for (key, v) in map {
+                    let step = steps.len();
+                    steps.push((at, PathSeg::Key(key)));
+                    if is_self_edit_key(key) {
+                        match v {
+                            Value::Null | Value::Bool(false) => {}
+                            Value::Bool(true) => found.push(path_of(&steps, step)),
+                            other => {
+                                return Err(LockdownError::SelfEditFlagNotBoolean {
+                                    key: path_of(&steps, step),
+                                    found: json_type_name(other),
+                                });
+                            }
+                        }
+                    }
+                    if matches!(v, Value::Object(_) | Value::Array(_)) {
+                        children.push((step, v));
+                    }
+                }
+            }
+            Value::Array(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    if matches!(v, Value::Object(_) | Value::Array(_)) {
+                        let step = steps.len();
+                        steps.push((at, PathSeg::Index(i)));
+                        children.push((step, v));
+                    }
+                }
+            }
+            _ => {}
+        }
+        stack.extend(children.into_iter().rev());
+    }
+    Ok(found)
+}
+
 /// Whether `config` explicitly asks for the block self-edit surface.
 ///
-/// `Ok(true)` only for a JSON object whose [`SELF_EDIT_FIELD`] is `true`.
-/// `null` (as the config or as the field), an absent field and `false` are
-/// `Ok(false)`. Any other field value, and a config that is neither an object
-/// nor null, is an error: nothing is coerced.
+/// `Ok(true)` for a JSON object in which some self-edit flag key (see
+/// [`is_self_edit_key`]: [`SELF_EDIT_FIELD`] in any near-miss spelling, at
+/// any depth) is `true`. `null` (as the config or as a flag), absent flags
+/// and `false` are `Ok(false)`. Any other flag value, and a config that is
+/// neither an object nor null, is an error: nothing is coerced.
 pub fn requests_self_edit(config: &Value) -> Result<bool, LockdownError> {
-    match config {
-        Value::Null => Ok(false),
-        Value::Object(map) => match map.get(SELF_EDIT_FIELD) {
-            None | Some(Value::Null) => Ok(false),
-            Some(Value::Bool(flag)) => Ok(*flag),
-            Some(other) => Err(LockdownError::SelfEditFlagNotBoolean {
-                found: json_type_name(other),
-            }),
-        },
-        other => Err(LockdownError::ConfigNotObject {
-            found: json_type_name(other),
-        }),
-    }
+    Ok(!true_flags(config)?.is_empty())
 }
 
 /// Clear the block self-edit request from the config of a child the parent is
 /// about to build from a spec.
 ///
-/// A config that never asked (field absent, `null` or `false`, or a `null`
-/// config) comes back as [`Sanitised::Unchanged`], the same reference, with
-/// nothing copied. A config whose field is `true` comes back as
-/// [`Sanitised::Cleared`]: a copy with the field set to `false`. Sanitising is
-/// idempotent and never leaves the field `true`.
+/// A config that never asked (no flag key `true`, or a `null` config) comes
+/// back as [`Sanitised::Unchanged`], the same reference, with nothing copied.
+/// A config that asked comes back as [`Sanitised::Cleared`]: a copy with
+/// every flag key that was `true` set to `false`, under the key as written.
+/// Sanitising is idempotent and never leaves a flag `true`.
 ///
 /// # Errors
 ///
-/// [`LockdownError::SelfEditFlagNotBoolean`] if the field holds anything but
+/// [`LockdownError::SelfEditFlagNotBoolean`] if a flag key holds anything but
 /// a boolean or null, [`LockdownError::ConfigNotObject`] if the config is
 /// neither an object nor null.
 pub fn sanitise_child_config(config: &Value) -> Result<Sanitised<'_>, LockdownError> {
@@ -265,14 +397,32 @@ pub fn sanitise_child_config(config: &Value) -> Result<Sanitised<'_>, LockdownEr
         return Ok(Sanitised::Unchanged(config));
     }
     let mut cleared = config.clone();
-    if let Value::Object(map) = &mut cleared {
-        map.insert(SELF_EDIT_FIELD.to_owned(), Value::Bool(false));
+    let mut stack: Vec<&mut Value> = vec![&mut cleared];
+    while let Some(value) = stack.pop() {
+        match value {
+            Value::Object(map) => {
+                for (key, v) in map.iter_mut() {
+                    if *v == Value::Bool(true) && is_self_edit_key(key) {
+                        *v = Value::Bool(false);
+                    } else if matches!(v, Value::Object(_) | Value::Array(_)) {
+                        stack.push(v);
+                    }
+                }
+            }
+            Value::Array(items) => stack.extend(
+                items
+                    .iter_mut()
+                    .filter(|v| matches!(v, Value::Object(_) | Value::Array(_))),
+            ),
+            _ => {}
+        }
     }
     Ok(Sanitised::Cleared(cleared))
 }
 
 /// Check a child that was handed over already built, with its `tools` and its
-/// `config` (if any).
+/// `config` (if any), against `vocabulary` (the policy's,
+/// [`Policy::lockdown`](crate::bundle::Policy::lockdown)).
 ///
 /// Such a child cannot be sanitised, so it is refused outright if it carries
 /// a write-surface tool or its config asks for the surface. Tools are checked
@@ -281,21 +431,28 @@ pub fn sanitise_child_config(config: &Value) -> Result<Sanitised<'_>, LockdownEr
 /// # Errors
 ///
 /// [`LockdownError::WriteSurfaceTool`] if any tool name is a write surface
-/// (see [`is_write_surface_tool_name`]), [`LockdownError::SelfEditRequested`]
-/// if the config's [`SELF_EDIT_FIELD`] is `true`, and the type errors of
-/// [`requests_self_edit`].
-pub fn check_prebuilt_child(tools: &[String], config: Option<&Value>) -> Result<(), LockdownError> {
+/// (see [`Vocabulary::is_write_surface`]),
+/// [`LockdownError::SelfEditRequested`] if a self-edit flag key is `true`,
+/// and the type errors of [`requests_self_edit`].
+pub fn check_prebuilt_child(
+    vocabulary: &Vocabulary,
+    tools: &[String],
+    config: Option<&Value>,
+) -> Result<(), LockdownError> {
     let offending: Vec<String> = tools
         .iter()
-        .filter(|tool| is_write_surface_tool_name(tool))
+        .filter(|tool| vocabulary.is_write_surface(tool))
         .cloned()
         .collect();
     if !offending.is_empty() {
         return Err(LockdownError::WriteSurfaceTool { tools: offending });
     }
-    match config {
-        Some(config) if requests_self_edit(config)? => Err(LockdownError::SelfEditRequested),
-        _ => Ok(()),
+    match config.map(true_flags).transpose()? {
+        Some(flags) => match flags.into_iter().next() {
+            Some(key) => Err(LockdownError::SelfEditRequested { key }),
+            None => Ok(()),
+        },
+        None => Ok(()),
     }
 }
 

@@ -290,3 +290,134 @@ fn no_delegated_agent_holds_a_block_write_action() {
         });
     });
 }
+
+/// Defect 5: a pre-built Letta child is refused through the engine, and the
+/// refusal leaves nothing behind but its decision record.
+#[tokio::test]
+async fn prebuilt_letta_child_is_refused_and_nothing_stored() {
+    let e = lab().await;
+    for (child, tools, config) in [
+        (
+            "letta_child",
+            vec!["send_message", "core_memory_append"],
+            None,
+        ),
+        ("letta_omni", vec!["mcp__letta__memory"], None),
+        ("lookalike", vec!["c\u{43e}re_mem\u{200b}ory_replace"], None),
+        (
+            "nested_flag",
+            vec!["send_message"],
+            Some(json!({"agent": {"Prompt_Block_Self_Edit": true}})),
+        ),
+    ] {
+        let agents_before = e.store().load_agents().await.unwrap();
+        let audit_before = audit(&e).await.len();
+        let out = e
+            .delegate(
+                &id("researcher"),
+                prebuilt(
+                    child,
+                    tools.iter().map(|t| (*t).to_owned()).collect(),
+                    config,
+                ),
+            )
+            .await
+            .unwrap();
+        let Registration::Refused {
+            refusal: RegistrationRefusal::Lockdown(err),
+            ..
+        } = out
+        else {
+            panic!("{child} should be refused: {out:?}");
+        };
+        assert!(e.agent(&id(child)).is_err());
+        assert_eq!(e.store().load_agents().await.unwrap(), agents_before);
+        let log = audit(&e).await;
+        assert_eq!(log.len(), audit_before + 1, "only the refusal is recorded");
+        let last = log.last().unwrap();
+        assert_eq!(last.draft.reason, err.reason().to_string());
+        assert_eq!(last.draft.resource, child);
+    }
+    // The read tools of the same framework pass.
+    e.delegate(
+        &id("researcher"),
+        prebuilt(
+            "letta_reader",
+            vec![
+                "send_message".into(),
+                "archival_memory_search".into(),
+                "read_memory_block".into(),
+            ],
+            None,
+        ),
+    )
+    .await
+    .unwrap()
+    .registered()
+    .unwrap();
+}
+
+/// The bundle's `lockdown:` section is the vocabulary registration uses.
+#[tokio::test]
+async fn the_bundle_vocabulary_is_enforced_at_registration() {
+    let plain = lab().await;
+    plain
+        .delegate(
+            &id("researcher"),
+            prebuilt("langgraph_child", vec!["manage_memory".into()], None),
+        )
+        .await
+        .unwrap()
+        .registered()
+        .unwrap();
+    let policy = format!(
+        "{LAB_POLICY}\nlockdown:\n  presets: [langgraph]\n  write_surface_names: [save_persona]\n"
+    );
+    let e = lab_with(&policy).await;
+    for (child, tool) in [
+        ("langgraph_child", "manage_memory"),
+        ("custom_child", "mcp__srv__SavePersona"),
+    ] {
+        let before = e.store().load_agents().await.unwrap().len();
+        let out = e
+            .delegate(&id("researcher"), prebuilt(child, vec![tool.into()], None))
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                out,
+                Registration::Refused {
+                    refusal: RegistrationRefusal::Lockdown(_),
+                    ..
+                }
+            ),
+            "{tool}"
+        );
+        assert_eq!(e.store().load_agents().await.unwrap().len(), before);
+    }
+}
+
+#[tokio::test]
+async fn near_miss_flags_of_a_spec_child_are_cleared_under_their_own_spelling() {
+    let e = lab().await;
+    let req = RegisterAgent {
+        id: id("camel"),
+        parent: None,
+        capabilities: BTreeSet::new(),
+        tools: None,
+        config: Some(
+            json!({"promptBlockSelfEdit": true, "agent": {"prompt_block_self_edit ": true}}),
+        ),
+    };
+    let view = e
+        .delegate(&id("researcher"), req)
+        .await
+        .unwrap()
+        .registered()
+        .unwrap();
+    let want = json!({"promptBlockSelfEdit": false, "agent": {"prompt_block_self_edit ": false}});
+    assert_eq!(view.config, Some(want.clone()));
+    let stored = e.store().load_agents().await.unwrap();
+    let s = stored.iter().find(|a| a.id == id("camel")).unwrap();
+    assert_eq!(s.config, Some(want));
+}
