@@ -118,7 +118,12 @@ class Sessions(SessionCase):
 
         pending = self.operator.escalations("pending")
         self.assertEqual([e["escalation_id"] for e in pending], [held["escalation_id"]])
-        self.assertEqual(pending[0]["target"], {"kind": "call", "session_id": "s-2", "call_id": "p"})
+        target = dict(pending[0]["target"])
+        digest = target.pop("request_digest")
+        self.assertEqual(target, {"kind": "call", "session_id": "s-2", "call_id": "p"})
+        # The approval is bound to the exact call the reviewer sees.
+        self.assertRegex(digest, r"^[0-9a-f]{64}$")
+        self.assertEqual(pending[0]["request"]["arguments"]["recipient"], ATTACKER_IBAN)
         self.operator.approve_escalation(held["escalation_id"])
         again = self.pay("s-2", ATTACKER_IBAN, call_id="p")
         self.assertEqual((again["verdict"], again["status"]), ("allow", "allowed"))
