@@ -575,15 +575,7 @@ impl<S: Store> Engine<S> {
                 .tickets
                 .take(actor, run_id, step_id, None, now, self.run_ttl_ms())?
         {
-            self.finish_step(
-                actor,
-                &t.run,
-                &t.step,
-                t.gated.as_deref(),
-                Some(t.holder.clone()),
-                result,
-            )
-            .await?
+            self.finish_ticket(actor, t, result).await?
         } else {
             let state = self.run_of(actor, run_id).await?;
             let Some(step) = state.run.steps.iter().find(|s| &s.step_id == step_id) else {
@@ -660,15 +652,7 @@ impl<S: Store> Engine<S> {
                 .tickets
                 .take(actor, run_id, step_id, lease_id, now, self.run_ttl_ms())?
         {
-            self.finish_step(
-                actor,
-                &t.run,
-                &t.step,
-                t.gated.as_deref(),
-                Some(t.holder.clone()),
-                result,
-            )
-            .await?
+            self.finish_ticket(actor, t, result).await?
         } else {
             let state = self.run_of(actor, run_id).await?;
             let Some(step) = state.run.steps.iter().find(|s| &s.step_id == step_id) else {
@@ -721,6 +705,25 @@ impl<S: Store> Engine<S> {
             ])
             .await?;
         Ok(())
+    }
+
+    /// Fold and record the outcome of the step `ticket` holds (its gate's
+    /// decision, as its lease's holder).
+    async fn finish_ticket(
+        &self,
+        actor: &AgentId,
+        ticket: Ticket,
+        result: StepResult,
+    ) -> Result<Completion, EngineError> {
+        self.finish_step(
+            actor,
+            &ticket.run,
+            &ticket.step,
+            ticket.gated.as_deref(),
+            Some(ticket.holder),
+            result,
+        )
+        .await
     }
 
     /// Fold and record a step's outcome (`gated`: what its gate decided).
