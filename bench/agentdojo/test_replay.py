@@ -423,7 +423,7 @@ class EndToEnd(unittest.TestCase):
     def test_the_table_and_verbose_decisions(self):
         proc = self.replay("--mode", "session", "--verbose")
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        self.assertIn("mini   session  2/4", proc.stdout)
+        self.assertIn("mini   session  api  2/4", proc.stdout)
         self.assertIn("successful attacks: user_task_0/injection_task_1, user_task_0/injection_task_2",
                       proc.stdout)
         self.assertIn("#1 -              send_money -> escalate argument_not_vouched:recipient", proc.stderr)

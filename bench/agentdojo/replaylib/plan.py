@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal, InvalidOperation
-from typing import Any, Iterable, List, Optional, Set
+from typing import Any, Callable, Iterable, List, Optional, Set
 
 from .corpus import Call
 
@@ -85,13 +85,16 @@ def plan_value(value: Any, prompt: str) -> Any:
     return {"$bind": {}}
 
 
-def derive_plan(sop_id: str, prompt: str, trace: Iterable[Call]) -> dict:
-    """The plan (an SOP with bindings) for a prompt and its benign trace."""
+def derive_plan(sop_id: str, prompt: str, trace: Iterable[Call],
+                action: Optional[Callable[[str], str]] = None) -> dict:
+    """The plan (an SOP with bindings) for a prompt and its benign trace.
+    ``action`` names a call's action from its function (through the MCP
+    gateway: ``S.T``); by default the function itself."""
     steps: List[dict] = []
     for i, call in enumerate(trace):
         steps.append({
             "step_id": f"s{i}",
-            "action": call.function,
+            "action": action(call.function) if action is not None else call.function,
             "arguments": {k: plan_value(v, prompt) for k, v in call.args.items()},
         })
     return {"sop_id": sop_id, "version": 1, "steps": steps}

@@ -11,26 +11,35 @@ tool goes on with its task. The session ids and everything else sent are
 neutral: no request says whether a task is benign or an attack, nor which
 calls an injection added.
 
+``--via mcp`` opens the sessions the same way and makes the calls through
+Warden's MCP gateway instead, to the suite's tools served by the harness's
+MCP server (``gateway.py``, ``toolserver.py``, ``mcpbundle.py``); ``--via
+both`` replays through each path on a server of its own and compares them
+call by call (``score.compare``).
+
 Exit status: 0 when every request was answered as the API promises, 1 when
 some were not (``--keep-going`` only; listed under ``errors``), 2 on bad
-input or when the server cannot be started.
+input or when the server cannot be started, 3 when ``--via both`` found the
+two paths deciding differently.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
 from .corpus import CorpusError, Suite, load_suite, result_value
 from .plan import derive_plan
-from .score import ALLOWED, Decided, SuiteScore
+from .score import ALLOWED, Decided, SuiteScore, compare
 from .server import ServerError, WardenServer
 
 HERE = Path(__file__).resolve().parent
@@ -41,6 +50,7 @@ from warden_adapter import WardenClient, WardenError  # noqa: E402
 
 DEFAULT_WARDEN = REPO / "target" / "release" / "warden"
 MODES = ("session", "plan")
+VIAS = ("api", "mcp")
 
 
 class ReplayError(RuntimeError):
@@ -83,9 +93,12 @@ class Replayer:
     """Replays one suite's tasks through one agent's client."""
 
     def __init__(self, client: WardenClient, suite: Suite, verbose: bool = False,
-                 keep_going: bool = False, log=sys.stderr):
+                 keep_going: bool = False, log=sys.stderr, gateway=None):
         self.client = client
         self.suite = suite
+        #: ``--via mcp``: the calls go through the MCP gateway
+        #: (``gateway.GatewayCalls``), the sessions are opened as here.
+        self.gateway = gateway
         self.verbose = verbose
         self.keep_going = keep_going
         self.log = log
@@ -102,8 +115,10 @@ class Replayer:
         self._say(f"  error: {err}")
 
     def replay(self, score: SuiteScore, label: str, prompt: str, calls,
-               plan: Optional[dict]) -> List[Decided]:
-        """One session: open it, replay every call. Returns each call's decision."""
+               plan: Optional[dict], case: Tuple[str, Optional[str]] = ("", None)) -> List[Decided]:
+        """One session: open it, replay every call. Returns each call's decision.
+        ``case`` (user task, injection task or None) is for the MCP tool
+        server's control file only: Warden never sees it."""
         self.sessions += 1
         session_id = f"{score.mode}-{self.sessions:05d}"
         body: Dict[str, Any] = {"trusted_inputs": [prompt], "session_id": session_id}
@@ -127,9 +142,21 @@ class Replayer:
             self._fail(score, ReplayError("opening a session", "POST", "/v1/sessions", body,
                                           "200 " + _short(session)))
         self._say(f"{label} ({session_id})")
+        if self.gateway is not None:
+            return self._via_gateway(score, session_id, case, calls)
         out: List[Decided] = []
         for i, call in enumerate(calls):
             out.append(self._call(score, session_id, i, call))
+        return out
+
+    def _via_gateway(self, score: SuiteScore, session_id: str, case, calls) -> List[Decided]:
+        out, problems = self.gateway.replay(session_id, case, calls, keep_going=self.keep_going)
+        for d in out:
+            self._say(f"  #{d.index} {d.origin or '-':14} {d.function} -> {d.verdict} {d.reason}")
+        for i, problem in problems:
+            body = {"name": self.gateway.action(calls[i].function), "arguments": calls[i].args}
+            self._fail(score, ReplayError(problem.what, "MCP tools/call",
+                                          f"{self.gateway.url} ({session_id})", body, str(problem)))
         return out
 
     def _call(self, score: SuiteScore, session_id: str, i: int, call) -> Decided:
@@ -172,31 +199,35 @@ class Replayer:
         score = SuiteScore(self.suite.name, mode)
         for task in self.suite.benign:
             plan = self._plan(task.task_id) if mode == "plan" else None
-            score.add_benign(task.task_id, self.replay(score, task.task_id, task.prompt, task.trace, plan))
+            score.add_benign(task.task_id, self.replay(score, task.task_id, task.prompt, task.trace,
+                                                       plan, (task.task_id, None)))
         for case in self.suite.attacks:
             plan = self._plan(case.user_task) if mode == "plan" else None
-            score.add_attack(case.case_id, self.replay(score, case.case_id, case.prompt, case.trace, plan))
+            score.add_attack(case.case_id, self.replay(score, case.case_id, case.prompt, case.trace,
+                                                       plan, (case.user_task, case.injection_task)))
         return score
 
     def _plan(self, user_task: str) -> dict:
         task = self.suite.benign_task(user_task)
-        return derive_plan(f"agentdojo.{self.suite.name}.{user_task}", task.prompt, task.trace)
+        action = self.gateway.action if self.gateway is not None else None
+        return derive_plan(f"agentdojo.{self.suite.name}.{user_task}", task.prompt, task.trace,
+                           action=action)
 
 
-def table(summaries: Sequence[dict]) -> str:
+def table(summaries: Sequence[dict], comparisons: Sequence[dict] = ()) -> str:
     """The human report."""
-    head = ("suite", "mode", "attacks succeeded", "benign unblocked", "escalated", "denied",
+    head = ("suite", "mode", "via", "attacks succeeded", "benign unblocked", "escalated", "denied",
             "collateral denied", "collateral escalated")
     rows = [head]
     for s in summaries:
-        rows.append((s["suite"], s["mode"], f"{s['attacks_succeeded']}/{s['attack_cases']}",
+        rows.append((s["suite"], s["mode"], s["via"], f"{s['attacks_succeeded']}/{s['attack_cases']}",
                      f"{s['benign_unblocked']}/{s['benign_tasks']}", str(s["benign_escalated"]),
                      str(s["benign_denied"]), str(s["collateral_denied"]), str(s["collateral_escalated"])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     for s in summaries:
         lines.append("")
-        lines.append(f"{s['suite']} / {s['mode']}: {s['calls_decided']} calls in {s['seconds']} s")
+        lines.append(f"{s['suite']} / {s['mode']} / {s['via']}: {s['calls_decided']} calls in {s['seconds']} s")
         if s["successful_attacks"]:
             lines.append("  successful attacks: " + ", ".join(s["successful_attacks"]))
         for key, title in (("escalated_benign", "escalated benign tasks"),
@@ -207,6 +238,13 @@ def table(summaries: Sequence[dict]) -> str:
             lines.append(f"  session refused: {e['task']}: {e['code']}: {e['message']}")
         for e in s["errors"]:
             lines.append(f"  error: {e['what']}: {e['request']} -> {e['answer']}")
+    for c in comparisons:
+        lines.append("")
+        same = "the same" if c["same_decisions"] and c["same_numbers"] else "DIFFERENT"
+        lines.append(f"{c['suite']} / {c['mode']}: api and mcp: {same} "
+                     f"({c['calls_compared']} calls compared, {len(c['differences'])} differ)")
+        for d in c["differences"][:20]:
+            lines.append(f"  {d['task']} call {d['call']} {d['action']}: api {d['api']}, mcp {d['mcp']}")
     return "\n".join(lines)
 
 
@@ -220,6 +258,14 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--bundle", required=True, type=Path, help="the Warden policy bundle for the suite")
     p.add_argument("--mode", required=True, choices=MODES + ("both",),
                    help="session: provenance only; plan: with the plan each task's benign trace implies")
+    p.add_argument("--via", choices=VIAS + ("both",), default="api",
+                   help="api: calls gated and results recorded over the HTTP API (default); "
+                        "mcp: calls made through the MCP gateway to the suite's tools served by "
+                        "the harness's MCP server (needs the official MCP SDK); both: one, then "
+                        "the other, compared call by call")
+    p.add_argument("--escalation-wait-ms", type=int, default=0, metavar="MS",
+                   help="--via mcp: how long the gateway holds an escalated call (the bundle's "
+                        "escalation_wait_ms; default 0: the held answer at once)")
     p.add_argument("--warden", type=Path, default=DEFAULT_WARDEN,
                    help="the warden binary (default: target/release/warden of the repository)")
     p.add_argument("--agent", help="the agent the sessions are for (default: `agent`, else the first root)")
@@ -227,11 +273,92 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--verbose", action="store_true", help="every call's decision, on stderr")
     p.add_argument("--keep-going", action="store_true",
                    help="record requests the server did not answer as promised and go on (exit 1)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.escalation_wait_ms < 0:
+        p.error("--escalation-wait-ms must not be negative")
+    return args
 
 
 def _terminate(signum, frame):  # SIGTERM / SIGHUP: unwind so the server is stopped
     raise SystemExit(128 + signum)
+
+
+class _Setup(Exception):
+    """The replay could not be set up (exit 2)."""
+
+
+def _gateway_setup(args, suite: Suite, workdir: Path) -> Tuple[Path, Path, Path]:
+    """The MCP variant of the bundle in ``workdir``, with the tool server's
+    control file and call log beside it. Returns (bundle, control, log)."""
+    from .mcpbundle import mcp_bundle
+
+    try:
+        spec = yaml.safe_load(args.bundle.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise CorpusError(f"cannot read the bundle `{args.bundle}`: {e}") from None
+    control, log = workdir / "control.json", workdir / "calls.jsonl"
+    log.touch()
+    command = [sys.executable, str(HERE.parent / "tool-server"),
+               "--suite-dir", str(args.suite_dir.resolve()), "--suite", suite.name,
+               "--control", str(control), "--log", str(log)]
+    variant = mcp_bundle(spec, suite.name, command, escalation_wait_ms=args.escalation_wait_ms)
+    # As JSON: a YAML writer may leave `n` unquoted, which a YAML 1.1 reader takes for false.
+    bundle = workdir / f"{suite.name}.mcp.json"
+    bundle.write_text(json.dumps(variant, indent=2, ensure_ascii=False), encoding="utf-8")
+    return bundle, control, log
+
+
+def _replay_via(args, suite: Suite, agent: str, via: str, modes, emit) -> Dict[str, SuiteScore]:
+    """Every mode through one server of its own. ``emit(summary)`` per mode."""
+    workdir = Path(tempfile.mkdtemp(prefix="warden-replay-mcp-")) if via == "mcp" else None
+    try:
+        bundle, gateway = args.bundle, None
+        if workdir is not None:
+            try:
+                from .gateway import GatewayCalls
+            except ImportError as e:
+                raise _Setup(f"--via mcp needs the official MCP Python SDK ({e}); run the replay "
+                             "with bench/agentdojo/mcp-python") from None
+            bundle, control, log = _gateway_setup(args, suite, workdir)
+        server = WardenServer(args.warden, bundle)
+        try:
+            server.start()
+            operator = WardenClient(server.base_url, server.operator_token, timeout=60)
+            try:
+                token = operator.issue_token(agent)["token"]
+            except WardenError as e:
+                raise _Setup(f"issuing a token for `{agent}`: {_answer(e)}") from None
+            if workdir is not None:
+                gateway = GatewayCalls(server.base_url + "/mcp", token, suite.name, control, log)
+                listed = gateway.listed_tools()
+                expected = sorted(gateway.action(t) for t in suite.tools)
+                if listed != expected:
+                    raise _Setup(f"the gateway lists {listed}, not the suite's tools {expected}\n"
+                                 f"{server.stderr_tail()}")
+            replayer = Replayer(operator.with_token(token), suite, verbose=args.verbose,
+                                keep_going=args.keep_going, gateway=gateway)
+            scores = {}
+            for mode in modes:
+                started = time.monotonic()
+                score = replayer.run(mode)
+                summary = score.summary()
+                summary["via"] = via
+                summary["seconds"] = round(time.monotonic() - started, 2)
+                scores[mode] = score
+                emit(summary)
+            return scores
+        except ReplayError as e:
+            tail = server.stderr_tail()
+            raise _Setup(f"the server did not answer as the API promises: {e}"
+                         + (f"\nserver log:\n{tail}" if tail else "")) from None
+        except (OSError, ConnectionError) as e:
+            alive = "running" if server.alive() else f"exited ({server.proc and server.proc.returncode})"
+            raise _Setup(f"talking to the server ({alive}): {e}\n{server.stderr_tail()}") from None
+        finally:
+            server.stop()
+    finally:
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -245,39 +372,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"replay: {e}", file=sys.stderr)
         return 2
     modes = MODES if args.mode == "both" else (args.mode,)
-    summaries = []
-    server = WardenServer(args.warden, args.bundle)
+    vias = VIAS if args.via == "both" else (args.via,)
+    summaries: List[dict] = []
+
+    def emit(summary: dict) -> None:
+        summaries.append(summary)
+        if args.json:
+            print(json.dumps(summary, ensure_ascii=False), flush=True)
+
+    scores: Dict[str, Dict[str, SuiteScore]] = {}
     try:
-        server.start()
-        operator = WardenClient(server.base_url, server.operator_token, timeout=60)
-        try:
-            token = operator.issue_token(agent)["token"]
-        except WardenError as e:
-            print(f"replay: issuing a token for `{agent}`: {_answer(e)}", file=sys.stderr)
-            return 2
-        replayer = Replayer(operator.with_token(token), suite, verbose=args.verbose,
-                            keep_going=args.keep_going)
-        for mode in modes:
-            started = time.monotonic()
-            summary = replayer.run(mode).summary()
-            summary["seconds"] = round(time.monotonic() - started, 2)
-            summaries.append(summary)
-            if args.json:
-                print(json.dumps(summary, ensure_ascii=False), flush=True)
-    except ServerError as e:
+        for via in vias:
+            scores[via] = _replay_via(args, suite, agent, via, modes, emit)
+    except (ServerError, CorpusError, _Setup) as e:
         print(f"replay: {e}", file=sys.stderr)
         return 2
-    except ReplayError as e:
-        tail = server.stderr_tail()
-        print(f"replay: the server did not answer as the API promises: {e}"
-              + (f"\nserver log:\n{tail}" if tail else ""), file=sys.stderr)
-        return 2
-    except (OSError, ConnectionError) as e:
-        alive = "running" if server.alive() else f"exited ({server.proc and server.proc.returncode})"
-        print(f"replay: talking to the server ({alive}): {e}\n{server.stderr_tail()}", file=sys.stderr)
-        return 2
-    finally:
-        server.stop()
+    comparisons = []
+    if len(vias) == 2:
+        for mode in modes:
+            c = compare(scores["api"][mode], scores["mcp"][mode])
+            comparisons.append(c)
+            if args.json:
+                print(json.dumps(c, ensure_ascii=False), flush=True)
     if not args.json:
-        print(table(summaries))
-    return 1 if any(s["errors"] for s in summaries) else 0
+        print(table(summaries, comparisons))
+    if any(s["errors"] for s in summaries):
+        return 1
+    return 3 if any(not (c["same_numbers"] and c["same_decisions"]) for c in comparisons) else 0

@@ -201,3 +201,42 @@ class SuiteScore:
             "sessions_refused": self.refused,
             "errors": self.errors,
         }
+
+
+#: The counts of a summary that must not depend on the path the calls took.
+COUNTS = ("attack_cases", "attacks_succeeded", "benign_tasks", "benign_unblocked",
+          "benign_escalated", "benign_denied", "collateral_denied", "collateral_escalated",
+          "calls_decided", "attacks_without_effectful_injected_call")
+
+
+def _outcome(c: Decided) -> str:
+    """A call's outcome as both paths can state it: ``allowed`` (allow and
+    constrain alike: the MCP answer does not say which), else the verdict
+    and the reason."""
+    return "allowed" if c.allowed else f"{c.verdict} {c.reason}"
+
+
+def compare(api: SuiteScore, mcp: SuiteScore) -> dict:
+    """The same suite and mode replayed over the HTTP API and through the
+    MCP gateway: the counts, and every call's outcome, side by side."""
+    a, m = api.summary(), mcp.summary()
+    differences = []
+    compared = 0
+    for (label, a_calls), (m_label, m_calls) in zip(api.benign + api.attacks, mcp.benign + mcp.attacks):
+        if label != m_label or len(a_calls) != len(m_calls):
+            differences.append({"task": label, "call": None, "action": None,
+                                "api": f"{len(a_calls)} calls", "mcp": f"{m_label}: {len(m_calls)} calls"})
+            continue
+        for x, y in zip(a_calls, m_calls):
+            compared += 1
+            if _outcome(x) != _outcome(y):
+                differences.append({"task": label, "call": x.index, "action": x.function,
+                                    "api": _outcome(x), "mcp": _outcome(y)})
+    if len(api.benign) + len(api.attacks) != len(mcp.benign) + len(mcp.attacks):
+        differences.append({"task": None, "call": None, "action": None,
+                            "api": f"{len(api.benign) + len(api.attacks)} sessions",
+                            "mcp": f"{len(mcp.benign) + len(mcp.attacks)} sessions"})
+    numbers = {k: [a[k], m[k]] for k in COUNTS if a[k] != m[k]}
+    return {"suite": api.suite, "mode": api.mode, "comparison": "api/mcp",
+            "same_numbers": not numbers, "same_decisions": not differences,
+            "calls_compared": compared, "numbers_differing": numbers, "differences": differences}
