@@ -6,7 +6,8 @@
 so both paths decide by the same rules:
 
 - one ``mcp_servers:`` entry, named after the suite, launching the tool
-  server over stdio; its ``trust`` is ``untrusted``, which is what the
+  server over stdio (``command``) or naming its streamable-HTTP ``url``;
+  its ``trust`` is ``untrusted``, which is what the
   HTTP-API path gives an action without an ``output`` trust, and every
   action keeps its own ``output`` (trust per tool and per field) as it is;
 - every action ``T`` of ``actions:`` becomes ``S.T``, with its arguments,
@@ -34,10 +35,13 @@ def action_name(server: str, tool: str) -> str:
     return f"{server}.{tool}"
 
 
-def mcp_bundle(spec: Any, server: str, command: List[str], *,
-               escalation_wait_ms: int = 0, call_timeout_ms: int = 30000,
-               env: Optional[Dict[str, str]] = None) -> dict:
-    """The MCP variant of the bundle ``spec`` (a parsed YAML mapping)."""
+def mcp_bundle(spec: Any, server: str, command: Optional[List[str]] = None, *,
+               url: Optional[str] = None, escalation_wait_ms: int = 0,
+               call_timeout_ms: int = 30000, env: Optional[Dict[str, str]] = None) -> dict:
+    """The MCP variant of the bundle ``spec`` (a parsed YAML mapping), its
+    server launched with ``command`` or reached at ``url``."""
+    if (command is None) == (url is None):
+        raise ValueError("give the tool server's command or its url")
     if not isinstance(spec, dict):
         raise CorpusError("the bundle is not a mapping")
     if not _SERVER_NAME.match(server):
@@ -66,9 +70,9 @@ def mcp_bundle(spec: Any, server: str, command: List[str], *,
             agent["capabilities"] = rename(agent["capabilities"], f"agents[{i}].capabilities")
     if "policy_version" in out:
         out["policy_version"] = f"{out['policy_version']}-mcp"
-    entry: Dict[str, Any] = {"command": list(command), "trust": "untrusted",
-                             "call_timeout_ms": call_timeout_ms,
-                             "escalation_wait_ms": escalation_wait_ms}
+    entry: Dict[str, Any] = {"command": list(command)} if command is not None else {"url": url}
+    entry.update(trust="untrusted", call_timeout_ms=call_timeout_ms,
+                 escalation_wait_ms=escalation_wait_ms)
     if env:
         entry["env"] = dict(env)
     out["mcp_servers"] = {server: entry}

@@ -26,9 +26,13 @@ two paths deciding differently.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import select
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -220,7 +224,8 @@ def table(summaries: Sequence[dict], comparisons: Sequence[dict] = ()) -> str:
             "collateral denied", "collateral escalated")
     rows = [head]
     for s in summaries:
-        rows.append((s["suite"], s["mode"], s["via"], f"{s['attacks_succeeded']}/{s['attack_cases']}",
+        via = s["via"] + ("/http" if s.get("upstream") == "http" else "")
+        rows.append((s["suite"], s["mode"], via, f"{s['attacks_succeeded']}/{s['attack_cases']}",
                      f"{s['benign_unblocked']}/{s['benign_tasks']}", str(s["benign_escalated"]),
                      str(s["benign_denied"]), str(s["collateral_denied"]), str(s["collateral_escalated"])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
@@ -263,6 +268,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         "mcp: calls made through the MCP gateway to the suite's tools served by "
                         "the harness's MCP server (needs the official MCP SDK); both: one, then "
                         "the other, compared call by call")
+    p.add_argument("--upstream", choices=("stdio", "http"), default="stdio",
+                   help="--via mcp: the gateway launches the tool server over stdio (default), or "
+                        "the harness starts it over streamable HTTP and the bundle names its URL")
     p.add_argument("--escalation-wait-ms", type=int, default=0, metavar="MS",
                    help="--via mcp: how long the gateway holds an escalated call (the bundle's "
                         "escalation_wait_ms; default 0: the held answer at once)")
@@ -287,9 +295,47 @@ class _Setup(Exception):
     """The replay could not be set up (exit 2)."""
 
 
-def _gateway_setup(args, suite: Suite, workdir: Path) -> Tuple[Path, Path, Path]:
+def _start_http_tool_server(command: List[str], workdir: Path, stack: contextlib.ExitStack,
+                            timeout: float = 60.0) -> str:
+    """Start the tool server over streamable HTTP; its URL once it listens.
+    It is stopped (SIGTERM, then SIGKILL) when ``stack`` closes."""
+    err = open(workdir / "tool-server.stderr", "wb")
+    stack.callback(err.close)
+    proc = subprocess.Popen(command + ["--http"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=err, start_new_session=True)
+
+    def stop() -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        proc.stdout.close()
+
+    stack.callback(stop)
+    deadline = time.monotonic() + timeout
+    line = b""
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        ready = select.select([proc.stdout], [], [], max(left, 0))[0] if left > 0 else []
+        chunk = os.read(proc.stdout.fileno(), 4096) if ready else b""
+        if not chunk:
+            detail = (workdir / "tool-server.stderr").read_text(errors="replace")[-2000:]
+            raise _Setup(f"the tool server did not start listening:\n{detail}")
+        line += chunk
+    text = line.decode().strip()
+    if not text.startswith("listening on "):
+        raise _Setup(f"the tool server said `{text}`, not where it listens")
+    return text.split(" ", 2)[2]
+
+
+def _gateway_setup(args, suite: Suite, workdir: Path,
+                   stack: contextlib.ExitStack) -> Tuple[Path, Path, Path]:
     """The MCP variant of the bundle in ``workdir``, with the tool server's
-    control file and call log beside it. Returns (bundle, control, log)."""
+    control file and call log beside it (and, with ``--upstream http``, the
+    tool server started). Returns (bundle, control, log)."""
     from .mcpbundle import mcp_bundle
 
     try:
@@ -301,7 +347,11 @@ def _gateway_setup(args, suite: Suite, workdir: Path) -> Tuple[Path, Path, Path]
     command = [sys.executable, str(HERE.parent / "tool-server"),
                "--suite-dir", str(args.suite_dir.resolve()), "--suite", suite.name,
                "--control", str(control), "--log", str(log)]
-    variant = mcp_bundle(spec, suite.name, command, escalation_wait_ms=args.escalation_wait_ms)
+    if args.upstream == "http":
+        url = _start_http_tool_server(command, workdir, stack)
+        variant = mcp_bundle(spec, suite.name, url=url, escalation_wait_ms=args.escalation_wait_ms)
+    else:
+        variant = mcp_bundle(spec, suite.name, command, escalation_wait_ms=args.escalation_wait_ms)
     # As JSON: a YAML writer may leave `n` unquoted, which a YAML 1.1 reader takes for false.
     bundle = workdir / f"{suite.name}.mcp.json"
     bundle.write_text(json.dumps(variant, indent=2, ensure_ascii=False), encoding="utf-8")
@@ -310,17 +360,19 @@ def _gateway_setup(args, suite: Suite, workdir: Path) -> Tuple[Path, Path, Path]
 
 def _replay_via(args, suite: Suite, agent: str, via: str, modes, emit) -> Dict[str, SuiteScore]:
     """Every mode through one server of its own. ``emit(summary)`` per mode."""
-    workdir = Path(tempfile.mkdtemp(prefix="warden-replay-mcp-")) if via == "mcp" else None
-    try:
+    with contextlib.ExitStack() as stack:
         bundle, gateway = args.bundle, None
-        if workdir is not None:
+        if via == "mcp":
             try:
                 from .gateway import GatewayCalls
             except ImportError as e:
                 raise _Setup(f"--via mcp needs the official MCP Python SDK ({e}); run the replay "
                              "with bench/agentdojo/mcp-python") from None
-            bundle, control, log = _gateway_setup(args, suite, workdir)
+            workdir = Path(tempfile.mkdtemp(prefix="warden-replay-mcp-"))
+            stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+            bundle, control, log = _gateway_setup(args, suite, workdir, stack)
         server = WardenServer(args.warden, bundle)
+        stack.callback(server.stop)
         try:
             server.start()
             operator = WardenClient(server.base_url, server.operator_token, timeout=60)
@@ -328,7 +380,7 @@ def _replay_via(args, suite: Suite, agent: str, via: str, modes, emit) -> Dict[s
                 token = operator.issue_token(agent)["token"]
             except WardenError as e:
                 raise _Setup(f"issuing a token for `{agent}`: {_answer(e)}") from None
-            if workdir is not None:
+            if via == "mcp":
                 gateway = GatewayCalls(server.base_url + "/mcp", token, suite.name, control, log)
                 listed = gateway.listed_tools()
                 expected = sorted(gateway.action(t) for t in suite.tools)
@@ -343,6 +395,7 @@ def _replay_via(args, suite: Suite, agent: str, via: str, modes, emit) -> Dict[s
                 score = replayer.run(mode)
                 summary = score.summary()
                 summary["via"] = via
+                summary["upstream"] = args.upstream if via == "mcp" else None
                 summary["seconds"] = round(time.monotonic() - started, 2)
                 scores[mode] = score
                 emit(summary)
@@ -354,11 +407,6 @@ def _replay_via(args, suite: Suite, agent: str, via: str, modes, emit) -> Dict[s
         except (OSError, ConnectionError) as e:
             alive = "running" if server.alive() else f"exited ({server.proc and server.proc.returncode})"
             raise _Setup(f"talking to the server ({alive}): {e}\n{server.stderr_tail()}") from None
-        finally:
-            server.stop()
-    finally:
-        if workdir is not None:
-            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -1,8 +1,10 @@
 """The suite's tools as an MCP server: the harness's upstream for ``--via mcp``.
 
-A low-level server of the official MCP Python SDK (``mcp``), over stdio:
-Warden's gateway launches it from the generated bundle's ``mcp_servers:``
-entry (``mcpbundle.py``). It lists every tool of the suite with the
+A low-level server of the official MCP Python SDK (``mcp``), over stdio
+(Warden's gateway launches it from the generated bundle's ``mcp_servers:``
+entry, ``mcpbundle.py``) or, with ``--http``, over streamable HTTP on a
+loopback port the system picks (it prints ``listening on URL``; the bundle
+then names the URL). It lists every tool of the suite with the
 corpus's name, description and input schema, and answers a call exactly as
 the replay's tool layer does over the HTTP API: with the result the trace
 recorded for that call (``tool_answer``).
@@ -183,6 +185,42 @@ async def serve_stdio(server: Server) -> None:
         await server.run(read, write, server.create_initialization_options())
 
 
+def serve_http(server: Server) -> None:
+    """Streamable HTTP at ``/mcp`` on 127.0.0.1, a port the system picks."""
+    import contextlib
+    import socket
+
+    import uvicorn
+    from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    manager = StreamableHTTPSessionManager(app=server)
+
+    class Endpoint:
+        async def __call__(self, scope, receive, send):
+            await manager.handle_request(scope, receive, send)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        async with manager.run():
+            yield
+
+    app = Starlette(routes=[Route("/mcp", endpoint=Endpoint())], lifespan=lifespan)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    http = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+
+    async def run():
+        # Printed once the socket is bound; the gateway connects when it starts.
+        print(f"listening on http://127.0.0.1:{port}/mcp", flush=True)
+        await http.serve(sockets=[sock])
+
+    anyio.run(run)
+
+
 def parse_args(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="tool-server",
                                 description="An AgentDojo suite's tools as an MCP server (stdio).")
@@ -190,6 +228,8 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--suite", required=True)
     p.add_argument("--control", required=True, type=Path, help="the episode the harness replays")
     p.add_argument("--log", required=True, type=Path, help="the call log (JSON lines, appended)")
+    p.add_argument("--http", action="store_true",
+                   help="streamable HTTP on a loopback port (printed) instead of stdio")
     return p.parse_args(argv)
 
 
@@ -200,5 +240,9 @@ def main(argv=None) -> int:
     except CorpusError as e:
         print(f"tool-server: {e}", file=sys.stderr)
         return 2
-    anyio.run(serve_stdio, build_server(Environment(suite, args.control, args.log)))
+    server = build_server(Environment(suite, args.control, args.log))
+    if args.http:
+        serve_http(server)
+    else:
+        anyio.run(serve_stdio, server)
     return 0
