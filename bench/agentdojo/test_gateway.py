@@ -10,7 +10,9 @@
   ``test_replay.py``: both paths give the same decisions call by call; the
   tool's call log holds exactly the calls the gateway allowed; an
   escalation's answer names the escalation the server holds; the harness
-  reports a tool answer or a forwarded call that differs from the trace.
+  reports a tool answer or a forwarded call that differs from the trace,
+  and a connection the gateway refuses; a call repeated after its
+  escalation, once vouched, is allowed on both paths.
 
 Needs the official MCP Python SDK (``bench/agentdojo/mcp-python -m
 unittest bench/agentdojo/test_gateway.py -v``); the end-to-end tests also
@@ -419,6 +421,14 @@ class ThroughTheGateway(unittest.TestCase):
         calls = state["calls"] if "calls" in state else state["session"]["calls"]
         self.assertEqual([(c["action"], c["status"]) for c in calls],
                          [("mini.get_contacts", "completed"), ("mini.send_money", "completed")])
+
+    def test_a_connection_the_gateway_refuses_is_a_connection_error(self):
+        _, _, gateway = self.start()
+        wrong = GatewayCalls(gateway.url, "not-a-token", "mini", gateway.control.path, gateway.log.path)
+        with self.assertRaises(ConnectionError) as e:
+            wrong.listed_tools()
+        self.assertIn("401", str(e.exception))
+        self.assertEqual(self.logged(), [])
 
     def test_a_call_forwarded_or_answered_otherwise_than_the_trace_is_an_error(self):
         _, agent, gateway = self.start()

@@ -99,13 +99,16 @@ def _answer_form(result) -> dict:
 
 def _run(coro):
     """``asyncio.run``, with an error raised inside the client's task groups
-    unwrapped from its exception group (the first one)."""
+    unwrapped from its exception group (the first one), and the MCP
+    connection's own failures (HTTP, protocol) as ``ConnectionError``."""
     try:
         return asyncio.run(coro)
     except Exception as e:
         leaf: BaseException = e
         while getattr(leaf, "exceptions", None):
             leaf = leaf.exceptions[0]
+        if isinstance(leaf, (httpx.HTTPError, McpError)):
+            raise ConnectionError(f"the MCP connection failed: {leaf!r}") from e
         if leaf is e:
             raise
         raise leaf from e
