@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -77,17 +76,17 @@ class CallLog:
 
 
 class Control:
-    """The tool server's control file, replaced whole (rename) on each write."""
+    """The tool server's control file. Written in place: the tool server
+    reads it only while serving a call, and the harness writes it only
+    between calls (each call waits for its answer)."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self._tmp = self.path.with_name(self.path.name + ".tmp")
 
     def set(self, episode: str, user_task: str, injection_task: Optional[str], index: int) -> None:
-        self._tmp.write_text(json.dumps({"episode": episode, "user_task": user_task,
+        self.path.write_text(json.dumps({"episode": episode, "user_task": user_task,
                                          "injection_task": injection_task, "index": index}),
                              encoding="utf-8")
-        os.replace(self._tmp, self.path)
 
 
 def _answer_form(result) -> dict:
@@ -129,6 +128,9 @@ class GatewayCalls:
         self.control = Control(control)
         self.log = CallLog(log)
         self.timeout = timeout
+        # One TLS context for every connection's HTTP client (building one
+        # loads the CA store: tens of ms, once per session otherwise).
+        self._tls = httpx.create_ssl_context()
 
     def action(self, function: str) -> str:
         return action_name(self.server, function)
@@ -140,7 +142,8 @@ class GatewayCalls:
         return headers
 
     async def _connected(self, session_id: Optional[str], work):
-        async with httpx.AsyncClient(headers=self._headers(session_id), timeout=self.timeout) as http:
+        async with httpx.AsyncClient(headers=self._headers(session_id), timeout=self.timeout,
+                                     verify=self._tls) as http:
             async with streamable_http_client(self.url, http_client=http) as (read, write, _):
                 async with ClientSession(read, write) as s:
                     await s.initialize()
