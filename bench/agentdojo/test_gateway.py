@@ -51,7 +51,7 @@ from replaylib.mcpbundle import mcp_bundle  # noqa: E402
 from replaylib.run import Replayer, ReplayError, _gateway_setup, parse_args  # noqa: E402
 from replaylib.score import Decided, SuiteScore, compare  # noqa: E402
 from replaylib.server import WardenServer  # noqa: E402
-from replaylib.toolserver import Environment, canonical, tool_answer  # noqa: E402
+from replaylib.toolserver import Environment, tool_answer  # noqa: E402
 from test_replay import BUNDLE, MALLORY, warden_binary, write_suite  # noqa: E402
 
 sys.path.insert(0, str(HERE.parents[1] / "clients" / "python"))
