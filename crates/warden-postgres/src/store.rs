@@ -141,7 +141,7 @@ impl PgStore {
             check_schema_name(schema)?;
         }
         let config = parse_url(url)?;
-        let mut first = pool::connect(&config).await?;
+        let (mut first, first_driver) = pool::connect_driven(&config).await?;
         let (schema, create) = match &options.schema {
             Some(s) => (s.clone(), true),
             None => (current_schema(&first).await?, false),
@@ -150,7 +150,7 @@ impl PgStore {
         first.batch_execute(&setup).await.db()?;
         schema::migrate(&mut first, &schema, create).await?;
         let pool = Pool::new(config.clone(), setup.clone(), options.pool_size);
-        pool.adopt(first);
+        pool.adopt((first, first_driver));
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
