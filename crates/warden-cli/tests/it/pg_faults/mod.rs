@@ -9,8 +9,9 @@
 //! value and has its decision record, and that `warden audit verify`
 //! passes on the database. Every answer seen during a test is one of: the
 //! write acknowledged, the read answered with the value last acknowledged
-//! at its key, or a 503 `unavailable`; anything else (a 500, a wrong value,
-//! a hang past the client's 30 s read timeout) fails the test.
+//! at its key, or a 503 `unavailable` (for the server cut off, also a 503
+//! `timeout`); anything else (a 500, a wrong value, a hang past the
+//! client's 60 s read timeout) fails the test.
 //!
 //! The restart and cut tests run their own throwaway PostgreSQL cluster
 //! (`cluster`), and the cut test needs root for `ip netns` and `tc`
@@ -149,6 +150,11 @@ impl Outcome {
 
     fn is_unavailable(&self) -> bool {
         matches!(&self.answer, Ok((503, body)) if body["error"]["code"] == json!("unavailable"))
+    }
+
+    /// A 503 `timeout`: the server's request timeout (30 s) ended it.
+    fn timed_out(&self) -> bool {
+        matches!(&self.answer, Ok((503, body)) if body["error"]["code"] == json!("timeout"))
     }
 
     /// Whether the answer is one a client may see at any time: success
@@ -341,11 +347,16 @@ impl Load {
 }
 
 /// Every answer was acceptable (see [`Outcome::is_acceptable`]); the
-/// servers in `killed` may also have refused connections once dead.
-fn assert_all_acceptable(outcomes: &[Outcome], killed: &[&str]) {
+/// servers in `killed` may also have refused connections once dead, and
+/// those in `may_time_out` answered 503 `timeout`.
+fn assert_all_acceptable(outcomes: &[Outcome], killed: &[&str], may_time_out: &[&str]) {
     let bad: Vec<&Outcome> = outcomes
         .iter()
-        .filter(|o| !(o.is_acceptable() || killed.contains(&o.server) && o.answer.is_err()))
+        .filter(|o| {
+            !(o.is_acceptable()
+                || killed.contains(&o.server) && o.answer.is_err()
+                || may_time_out.contains(&o.server) && o.timed_out())
+        })
         .collect();
     assert!(
         bad.is_empty(),
@@ -414,8 +425,9 @@ fn summary(label: &str, outcomes: &[Outcome]) -> String {
     };
     let ok = outcomes.iter().filter(|o| o.is_success()).count();
     let unavailable = outcomes.iter().filter(|o| o.is_unavailable()).count();
+    let timed_out = outcomes.iter().filter(|o| o.timed_out()).count();
     format!(
-        "{label}: {} answers ({ok} ok, {unavailable} unavailable), p50 {:?}, max {:?}",
+        "{label}: {} answers ({ok} ok, {unavailable} unavailable, {timed_out} timeout), p50 {:?}, max {:?}",
         outcomes.len(),
         pick(0.5),
         pick(1.0)
@@ -478,7 +490,7 @@ fn the_database_restarting_under_load() {
     load.stop_all();
     let outcomes = load.outcomes();
     eprintln!("{}", summary("all", &outcomes));
-    assert_all_acceptable(&outcomes, &[]);
+    assert_all_acceptable(&outcomes, &[], &[]);
     let acked = load.acked();
     assert_nothing_acknowledged_lost(&url, &b.addr, &token, &acked);
     eprintln!("{} acknowledged writes survived two restarts", acked.len());
@@ -488,9 +500,9 @@ fn the_database_restarting_under_load() {
 /// Two servers, each in its own network namespace, reach PostgreSQL over
 /// their own link. Delay, then loss on A's link (see
 /// `Netns::degradations`): A's answers are slower but all correct. A
-/// silent cut: every request A answers is a 503
-/// `unavailable` (bounded by the connection timeouts, not the request
-/// timeout), B carries on without an error, and A serves again by itself
+/// silent cut: every request A answers is a 503 `unavailable` (bounded by
+/// the connection timeouts; rarely `timeout`, see below), B carries on
+/// without an error, and A serves again by itself
 /// once the link is back. Nothing acknowledged is lost; the chain
 /// verifies.
 #[test]
@@ -564,9 +576,13 @@ fn a_server_cut_off_from_the_database() {
     let b_cut = load.between("b", cut, restored);
     eprintln!("{}", summary("a cut off", &a_cut));
     eprintln!("{}", summary("b while a is cut off", &b_cut));
+    // A request already waiting when the link went silent can add up the
+    // bounds (a lock held by a session the database has yet to end, then
+    // its own connection declared dead) and meet the server's request
+    // timeout first: still a clean, bounded 503, but `timeout`.
     assert!(
-        a_cut.iter().all(Outcome::is_unavailable),
-        "`a` answered other than 503 unavailable while cut off: {:#?}",
+        a_cut.iter().all(|o| o.is_unavailable() || o.timed_out()),
+        "`a` answered other than 503 while cut off: {:#?}",
         a_cut.iter().find(|o| !o.is_unavailable())
     );
     assert!(
@@ -587,7 +603,7 @@ fn a_server_cut_off_from_the_database() {
     load.stop_all();
     let outcomes = load.outcomes();
     eprintln!("{}", summary("all", &outcomes));
-    assert_all_acceptable(&outcomes, &[]);
+    assert_all_acceptable(&outcomes, &[], &["a"]);
     let acked = load.acked();
     assert_nothing_acknowledged_lost(&db.url("127.0.0.1", ""), &b.addr, &token, &acked);
     eprintln!("{} acknowledged writes survived the cut", acked.len());
@@ -623,7 +639,7 @@ fn a_server_killed_mid_batch() {
 
     let outcomes = load.outcomes();
     eprintln!("{}", summary("all", &outcomes));
-    assert_all_acceptable(&outcomes, &["a"]);
+    assert_all_acceptable(&outcomes, &["a"], &[]);
     let b_all: Vec<&Outcome> = outcomes.iter().filter(|o| o.server == "b").collect();
     assert!(
         b_all.iter().all(|o| o.is_success()),
