@@ -338,3 +338,33 @@ pub(crate) async fn setup_sql(
     }
     Ok(setup)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_timeouts_apply_unless_the_url_sets_its_own() {
+        let t = PgTimeouts::default();
+        let c = parse_url("postgres://u@db/w", &t).unwrap();
+        assert_eq!(c.get_connect_timeout(), Some(&t.connect));
+        assert_eq!(c.get_tcp_user_timeout(), Some(&t.dead_connection));
+        assert!(c.get_keepalives());
+        assert_eq!(c.get_keepalives_idle(), t.dead_connection / 2);
+        assert_eq!(c.get_keepalives_interval(), Some(Duration::from_secs(1)));
+        assert_eq!(c.get_keepalives_retries(), Some(5));
+
+        let c = parse_url(
+            "postgres://u@db/w?connect_timeout=2&tcp_user_timeout=3&keepalives_idle=7",
+            &t,
+        )
+        .unwrap();
+        assert_eq!(c.get_connect_timeout(), Some(&Duration::from_secs(2)));
+        assert_eq!(c.get_tcp_user_timeout(), Some(&Duration::from_secs(3)));
+        assert_eq!(c.get_keepalives_idle(), Duration::from_secs(7));
+        assert_eq!(c.get_keepalives_interval(), None);
+
+        let c = parse_url("postgres://u@db/w?keepalives=0", &t).unwrap();
+        assert!(!c.get_keepalives());
+    }
+}
