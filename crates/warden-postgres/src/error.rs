@@ -6,13 +6,18 @@ use warden_store::StoreError;
 /// Whether a SQLSTATE means "not now" rather than "never": the server is
 /// out of resources (class 53: disk full, too many connections, out of
 /// memory), shutting down or starting (57P01 to 57P03), the connection
-/// failed (class 08), or the transaction lost a lock race it may win when
-/// retried (40001, 40P01, 55P03).
+/// failed (class 08), the server ended a session left idle too long, in a
+/// transaction or not (25P03, 57P05: its connection is gone), or the
+/// transaction lost a lock race it may win when retried (40001, 40P01,
+/// 55P03).
 fn transient(code: &SqlState) -> bool {
     let c = code.code();
     c.starts_with("08")
         || c.starts_with("53")
-        || matches!(c, "57P01" | "57P02" | "57P03" | "40001" | "40P01" | "55P03")
+        || matches!(
+            c,
+            "57P01" | "57P02" | "57P03" | "25P03" | "57P05" | "40001" | "40P01" | "55P03"
+        )
 }
 
 /// A driver error as a [`StoreError`], keeping the driver error as the
@@ -89,6 +94,8 @@ mod tests {
             SqlState::T_R_SERIALIZATION_FAILURE,
             SqlState::T_R_DEADLOCK_DETECTED,
             SqlState::LOCK_NOT_AVAILABLE,
+            SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+            SqlState::IDLE_SESSION_TIMEOUT,
         ] {
             assert!(transient(&code), "{code:?}");
         }

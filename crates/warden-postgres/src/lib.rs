@@ -232,7 +232,7 @@ pub mod verify;
 
 pub use changes::{Change, ChangeEvent, ChangeKind, ChangeStream};
 pub use schema::SCHEMA_VERSION;
-pub use store::{MAX_SCHEMA_LEN, PgOptions, PgStore, is_postgres_url};
+pub use store::{MAX_SCHEMA_LEN, PgOptions, PgStore, PgTimeouts, is_postgres_url};
 pub use verify::{
     AnchorParseError, AuditChecker, ExportError, HeadAnchor, VERIFY_PAGE, VerifyError,
     VerifyReport, export_audit, read_audit_head, verify_audit, verify_audit_with,

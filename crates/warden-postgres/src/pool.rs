@@ -2,14 +2,20 @@
 //!
 //! At most `size` connections are open; a caller waits for a free one. A
 //! connection is opened on demand, set up once (its `search_path`, durable
-//! commits) and returned to the pool when its guard drops, unless the
-//! driver reports it closed. Every statement is prepared once per
-//! connection and reused: one round trip per statement instead of two.
+//! commits, the idle-in-transaction bound) and returned to the pool when
+//! its guard drops, unless it is broken: the driver reports it closed (the
+//! database went away, or the connection's TCP timeouts declared it dead),
+//! or an operation on it was abandoned half-way (its future dropped, e.g.
+//! by the server's request timeout), which leaves an unknown exchange on
+//! it. A broken connection is closed, never handed out again. Every
+//! statement is prepared once per connection and reused: one round trip
+//! per statement instead of two.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::task::AbortHandle;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, GenericClient, IsolationLevel, NoTls, Row, Statement};
 use warden_store::StoreError;
@@ -19,9 +25,15 @@ use crate::error::DbResult;
 /// Parameters of a statement.
 pub(crate) type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 
-/// Statements prepared on one connection, by their SQL text.
+/// Statements prepared on one connection, by their SQL text, and whether
+/// an exchange on the connection is in progress.
 #[derive(Default)]
-pub(crate) struct StmtCache(HashMap<&'static str, Statement>);
+pub(crate) struct StmtCache {
+    stmts: HashMap<&'static str, Statement>,
+    /// Set while an operation awaits the database, cleared when it has its
+    /// answer: still set when the guard drops means it was abandoned.
+    in_flight: bool,
+}
 
 impl StmtCache {
     async fn get<C: GenericClient + Sync>(
@@ -29,14 +41,25 @@ impl StmtCache {
         client: &C,
         sql: &'static str,
     ) -> Result<Statement, StoreError> {
-        if let Some(s) = self.0.get(sql) {
+        if let Some(s) = self.stmts.get(sql) {
             return Ok(s.clone());
         }
         // Prepared statements belong to the session, not the transaction:
         // one prepared inside a transaction that rolls back stays usable.
-        let s = client.prepare(sql).await.db()?;
-        self.0.insert(sql, s.clone());
+        let s = self.exchange(client.prepare(sql)).await?;
+        self.stmts.insert(sql, s.clone());
         Ok(s)
+    }
+
+    /// Await one exchange with the database, marked in flight meanwhile.
+    async fn exchange<T>(
+        &mut self,
+        f: impl Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, StoreError> {
+        self.in_flight = true;
+        let result = f.await;
+        self.in_flight = false;
+        result.db()
     }
 }
 
@@ -44,6 +67,10 @@ impl StmtCache {
 pub(crate) struct Conn {
     client: Client,
     stmts: StmtCache,
+    /// The task driving the connection: aborted when a broken connection
+    /// is discarded, which closes its socket at once (a dead peer would
+    /// otherwise keep it until the operating system gives up).
+    driver: Option<AbortHandle>,
 }
 
 impl Conn {
@@ -52,7 +79,20 @@ impl Conn {
         Self {
             client,
             stmts: StmtCache::default(),
+            driver: None,
         }
+    }
+
+    fn driven(client: Client, driver: AbortHandle) -> Self {
+        Self {
+            driver: Some(driver),
+            ..Self::new(client)
+        }
+    }
+
+    /// Whether the connection may be handed out again.
+    fn is_usable(&self) -> bool {
+        !self.stmts.in_flight && !self.client.is_closed()
     }
 
     /// Run a statement outside a transaction.
@@ -62,7 +102,7 @@ impl Conn {
         params: Params<'_>,
     ) -> Result<Vec<Row>, StoreError> {
         let stmt = self.stmts.get(&self.client, sql).await?;
-        self.client.query(&stmt, params).await.db()
+        self.stmts.exchange(self.client.query(&stmt, params)).await
     }
 
     /// Start a read-committed transaction (the isolation level every write
@@ -83,13 +123,15 @@ impl Conn {
         read_only: bool,
     ) -> Result<Tx<'_>, StoreError> {
         let tx = self
-            .client
-            .build_transaction()
-            .isolation_level(level)
-            .read_only(read_only)
-            .start()
-            .await
-            .db()?;
+            .stmts
+            .exchange(
+                self.client
+                    .build_transaction()
+                    .isolation_level(level)
+                    .read_only(read_only)
+                    .start(),
+            )
+            .await?;
         Ok(Tx {
             tx,
             stmts: &mut self.stmts,
@@ -111,7 +153,7 @@ impl Tx<'_> {
         params: Params<'_>,
     ) -> Result<Vec<Row>, StoreError> {
         let stmt = self.stmts.get(&self.tx, sql).await?;
-        self.tx.query(&stmt, params).await.db()
+        self.stmts.exchange(self.tx.query(&stmt, params)).await
     }
 
     pub(crate) async fn query_opt(
@@ -120,7 +162,7 @@ impl Tx<'_> {
         params: Params<'_>,
     ) -> Result<Option<Row>, StoreError> {
         let stmt = self.stmts.get(&self.tx, sql).await?;
-        self.tx.query_opt(&stmt, params).await.db()
+        self.stmts.exchange(self.tx.query_opt(&stmt, params)).await
     }
 
     pub(crate) async fn execute(
@@ -129,13 +171,13 @@ impl Tx<'_> {
         params: Params<'_>,
     ) -> Result<u64, StoreError> {
         let stmt = self.stmts.get(&self.tx, sql).await?;
-        self.tx.execute(&stmt, params).await.db()
+        self.stmts.exchange(self.tx.execute(&stmt, params)).await
     }
 
     /// Commit. `Ok` means the server reported the commit durable (see the
     /// connection setup: `synchronous_commit` is never `off`).
     pub(crate) async fn commit(self) -> Result<(), StoreError> {
-        self.tx.commit().await.db()
+        self.stmts.exchange(self.tx.commit()).await
     }
 }
 
@@ -179,11 +221,20 @@ impl Pooled<'_> {
 
 impl Drop for Pooled<'_> {
     fn drop(&mut self) {
-        if let Some(conn) = self.conn.take()
-            && !conn.client.is_closed()
-        {
-            self.pool.lock_idle().push(conn);
+        if let Some(conn) = self.conn.take() {
+            if conn.is_usable() {
+                self.pool.lock_idle().push(conn);
+            } else {
+                discard(conn);
+            }
         }
+    }
+}
+
+/// Close a broken connection now.
+fn discard(conn: Conn) {
+    if let Some(driver) = &conn.driver {
+        driver.abort();
     }
 }
 
@@ -215,14 +266,14 @@ impl Pool {
         loop {
             let candidate = self.lock_idle().pop();
             match candidate {
-                Some(conn) if !conn.client.is_closed() => {
+                Some(conn) if conn.is_usable() => {
                     return Ok(Pooled {
                         conn: Some(conn),
                         pool: self,
                         _permit: permit,
                     });
                 }
-                Some(_closed) => continue,
+                Some(broken) => discard(broken),
                 None => break,
             }
         }
@@ -236,29 +287,43 @@ impl Pool {
 
     /// Put a connection opened elsewhere (the one that ran the migrations)
     /// into the pool.
-    pub(crate) fn adopt(&self, client: Client) {
-        self.lock_idle().push(Conn::new(client));
+    pub(crate) fn adopt(&self, (client, driver): (Client, AbortHandle)) {
+        self.lock_idle().push(Conn::driven(client, driver));
     }
 
     async fn open(&self) -> Result<Conn, StoreError> {
-        let client = connect(&self.config).await?;
-        client.batch_execute(&self.setup).await.db()?;
-        Ok(Conn::new(client))
+        let (client, driver) = connect_driven(&self.config).await?;
+        let mut conn = Conn::driven(client, driver);
+        // Dropped half-way (the caller gave up), the connection is broken.
+        let setup = conn
+            .stmts
+            .exchange(conn.client.batch_execute(&self.setup))
+            .await;
+        if let Err(e) = setup {
+            discard(conn);
+            return Err(e);
+        }
+        Ok(conn)
     }
 }
 
 /// Open one connection and drive it on a background task.
 pub(crate) async fn connect(config: &Config) -> Result<Client, StoreError> {
+    Ok(connect_driven(config).await?.0)
+}
+
+/// [`connect`], with the handle that aborts the connection's task.
+pub(crate) async fn connect_driven(config: &Config) -> Result<(Client, AbortHandle), StoreError> {
     let (client, connection) = config.connect(NoTls).await.map_err(|e| {
         let target = describe(config);
         crate::error::db(e).context(format_args!("cannot connect to {target}"))
     })?;
-    tokio::spawn(async move {
+    let driver = tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::warn!(error = %e, "postgres connection ended with an error");
         }
     });
-    Ok(client)
+    Ok((client, driver.abort_handle()))
 }
 
 /// `host:port/dbname` for messages (never the password).

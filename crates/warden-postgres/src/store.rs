@@ -31,6 +31,9 @@ pub struct PgOptions {
     /// a notification did not bring (a dropped notification, a reconnect),
     /// and with it that its connection is alive.
     pub listen_heartbeat: Duration,
+    /// How long an operation waits on a database it cannot reach before it
+    /// fails [`StoreError::Unavailable`].
+    pub timeouts: PgTimeouts,
 }
 
 impl Default for PgOptions {
@@ -39,6 +42,44 @@ impl Default for PgOptions {
             schema: None,
             pool_size: 8,
             listen_heartbeat: Duration::from_secs(10),
+            timeouts: PgTimeouts::default(),
+        }
+    }
+}
+
+/// The bounds that turn an unreachable database into a prompt
+/// [`StoreError::Unavailable`] instead of an operation that waits for the
+/// operating system's defaults (hours for a silent peer). Each applies
+/// unless the database URL sets its own (`connect_timeout`,
+/// `tcp_user_timeout`, `keepalives*`, in seconds), or, for
+/// `idle_in_transaction`, the session already has a nonzero
+/// `idle_in_transaction_session_timeout` (from the URL's `options`, the
+/// role, the database or the server's configuration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PgTimeouts {
+    /// Longest wait to open a connection (TCP connect and startup).
+    pub connect: Duration,
+    /// Longest a connection may go without a sign of life from the
+    /// database host before it is declared dead: data sent but not
+    /// acknowledged for this long (`TCP_USER_TIMEOUT`), or an idle
+    /// connection whose keepalive probes (from half of it, then every
+    /// tenth) go unanswered. Its operation fails, the connection is closed
+    /// and leaves the pool.
+    pub dead_connection: Duration,
+    /// Longest one of this store's sessions may sit idle inside a
+    /// transaction before the database ends it and releases its locks
+    /// (`idle_in_transaction_session_timeout`): what bounds how long a
+    /// server cut off in the middle of a transaction holds up the others
+    /// (appends wait for the audit head it locked).
+    pub idle_in_transaction: Duration,
+}
+
+impl Default for PgTimeouts {
+    fn default() -> Self {
+        Self {
+            connect: Duration::from_secs(5),
+            dead_connection: Duration::from_secs(10),
+            idle_in_transaction: Duration::from_secs(10),
         }
     }
 }
@@ -140,17 +181,17 @@ impl PgStore {
         if let Some(schema) = &options.schema {
             check_schema_name(schema)?;
         }
-        let config = parse_url(url)?;
-        let mut first = pool::connect(&config).await?;
+        let config = parse_url(url, &options.timeouts)?;
+        let (mut first, first_driver) = pool::connect_driven(&config).await?;
         let (schema, create) = match &options.schema {
             Some(s) => (s.clone(), true),
             None => (current_schema(&first).await?, false),
         };
-        let setup = setup_sql(&mut first, &schema).await?;
+        let setup = setup_sql(&mut first, &schema, &options.timeouts).await?;
         first.batch_execute(&setup).await.db()?;
         schema::migrate(&mut first, &schema, create).await?;
         let pool = Pool::new(config.clone(), setup.clone(), options.pool_size);
-        pool.adopt(first);
+        pool.adopt((first, first_driver));
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
@@ -198,8 +239,9 @@ impl PgStore {
 }
 
 /// Parse a `postgres://` or `postgresql://` URL, with Warden's defaults
-/// for what it leaves out (application name, connect timeout).
-pub(crate) fn parse_url(url: &str) -> Result<Config, StoreError> {
+/// for what it leaves out (application name, the connection timeouts of
+/// [`PgTimeouts`]).
+pub(crate) fn parse_url(url: &str, timeouts: &PgTimeouts) -> Result<Config, StoreError> {
     if !is_postgres_url(url) {
         return Err(StoreError::backend(
             "a postgres database url starts with `postgres://` or `postgresql://`",
@@ -212,9 +254,35 @@ pub(crate) fn parse_url(url: &str) -> Result<Config, StoreError> {
         config.application_name("warden");
     }
     if config.get_connect_timeout().is_none() {
-        config.connect_timeout(Duration::from_secs(10));
+        config.connect_timeout(timeouts.connect);
+    }
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(timeouts.dead_connection);
+    }
+    // The driver's keepalive defaults (the first probe after two hours)
+    // cannot be told apart from values the URL set, so the URL is asked.
+    let keys = url_parameters(url);
+    if config.get_keepalives() && !keys.iter().any(|k| k.starts_with("keepalives_")) {
+        let dead = timeouts.dead_connection;
+        let interval = (dead / 10).max(Duration::from_secs(1));
+        config
+            .keepalives_idle((dead / 2).max(Duration::from_secs(1)))
+            .keepalives_interval(interval)
+            .keepalives_retries(5);
     }
     Ok(config)
+}
+
+/// The parameter names in a URL's query string.
+fn url_parameters(url: &str) -> Vec<&str> {
+    url.split_once('?')
+        .map(|(_, query)| {
+            query
+                .split('&')
+                .map(|kv| kv.split_once('=').map_or(kv, |(k, _)| k))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The connection's current schema (the first existing schema on its
@@ -236,23 +304,67 @@ pub(crate) async fn current_schema(client: &tokio_postgres::Client) -> Result<St
     Ok(current)
 }
 
-/// The SQL each new connection runs: pin `search_path` to the schema, and
-/// make sure a commit is acknowledged only once it is durable.
+/// The SQL each new connection runs: pin `search_path` to the schema,
+/// make sure a commit is acknowledged only once it is durable, and bound
+/// how long the session may hold a transaction open while idle.
 pub(crate) async fn setup_sql(
     client: &mut tokio_postgres::Client,
     schema: &str,
+    timeouts: &PgTimeouts,
 ) -> Result<String, StoreError> {
     let mut setup = format!("SET search_path TO {}", quote_ident(schema));
     let row = client
-        .query_one("SELECT current_setting('synchronous_commit')", &[])
+        .query_one(
+            "SELECT current_setting('synchronous_commit'), \
+             current_setting('idle_in_transaction_session_timeout')",
+            &[],
+        )
         .await
         .db()?;
     let sync: String = row.try_get(0).map_err(crate::error::column)?;
+    let idle: String = row.try_get(1).map_err(crate::error::column)?;
     // `off` acknowledges commits before they reach the disk; every other
     // value (`local`, `on`, `remote_write`, `remote_apply`) waits at least
     // for the local flush, and is kept as the operator configured it.
     if sync == "off" {
         setup.push_str("; SET synchronous_commit TO on");
     }
+    // `0` disables the timeout; any other value was configured and is kept.
+    if idle == "0" {
+        let ms = timeouts.idle_in_transaction.as_millis().max(1);
+        setup.push_str(&format!(
+            "; SET idle_in_transaction_session_timeout TO {ms}"
+        ));
+    }
     Ok(setup)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_timeouts_apply_unless_the_url_sets_its_own() {
+        let t = PgTimeouts::default();
+        let c = parse_url("postgres://u@db/w", &t).unwrap();
+        assert_eq!(c.get_connect_timeout(), Some(&t.connect));
+        assert_eq!(c.get_tcp_user_timeout(), Some(&t.dead_connection));
+        assert!(c.get_keepalives());
+        assert_eq!(c.get_keepalives_idle(), t.dead_connection / 2);
+        assert_eq!(c.get_keepalives_interval(), Some(Duration::from_secs(1)));
+        assert_eq!(c.get_keepalives_retries(), Some(5));
+
+        let c = parse_url(
+            "postgres://u@db/w?connect_timeout=2&tcp_user_timeout=3&keepalives_idle=7",
+            &t,
+        )
+        .unwrap();
+        assert_eq!(c.get_connect_timeout(), Some(&Duration::from_secs(2)));
+        assert_eq!(c.get_tcp_user_timeout(), Some(&Duration::from_secs(3)));
+        assert_eq!(c.get_keepalives_idle(), Duration::from_secs(7));
+        assert_eq!(c.get_keepalives_interval(), None);
+
+        let c = parse_url("postgres://u@db/w?keepalives=0", &t).unwrap();
+        assert!(!c.get_keepalives());
+    }
 }

@@ -142,10 +142,11 @@ pub async fn read_audit_head(url: &str) -> Result<HeadAnchor, StoreError> {
 /// One connection to an existing Warden schema, for reading only: refuses a
 /// schema Warden did not create, or one from a newer Warden.
 async fn reader(url: &str) -> Result<Conn, StoreError> {
-    let config = crate::store::parse_url(url)?;
+    let timeouts = crate::store::PgTimeouts::default();
+    let config = crate::store::parse_url(url, &timeouts)?;
     let mut client = crate::pool::connect(&config).await?;
     let schema = crate::store::current_schema(&client).await?;
-    let setup = crate::store::setup_sql(&mut client, &schema).await?;
+    let setup = crate::store::setup_sql(&mut client, &schema, &timeouts).await?;
     client.batch_execute(&setup).await.db()?;
     crate::schema::check_existing(&client, &schema).await?;
     Ok(Conn::new(client))

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 mod check;
 mod checkpoints;
 mod hardening;
+mod pg_faults;
 mod postgres;
 
 const OP: &str = "cli-test-operator-token-0123456789abcdef";

@@ -23,7 +23,7 @@ use super::{OP, warden};
 /// notification was lost.
 const SYNC_INTERVAL_MS: u64 = 1_000;
 
-fn database_url() -> Option<String> {
+pub(super) fn database_url() -> Option<String> {
     std::env::var("WARDEN_TEST_DATABASE_URL")
         .ok()
         .filter(|s| !s.trim().is_empty())
@@ -64,14 +64,14 @@ fn sql(url: &str, statement: &str) {
 
 /// A schema of its own, created now and dropped (with everything in it)
 /// when this value drops; `url` selects it through `search_path`.
-struct Schema {
+pub(super) struct Schema {
     base: String,
     name: String,
-    url: String,
+    pub(super) url: String,
 }
 
 impl Schema {
-    fn new(base: String) -> Self {
+    pub(super) fn new(base: String) -> Self {
         static N: AtomicU64 = AtomicU64::new(0);
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
         let name = format!(
@@ -171,7 +171,7 @@ impl Drop for Server {
 }
 
 /// One HTTP/1.1 request; the status and the JSON body (`null` if none).
-fn request(
+pub(super) fn request(
     addr: &str,
     method: &str,
     path: &str,
@@ -179,7 +179,8 @@ fn request(
     body: Option<&Value>,
 ) -> std::io::Result<(u16, Value)> {
     let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    // Longer than the server's 30 s request timeout, so its answer arrives.
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
     let body = body.map(Value::to_string).unwrap_or_default();
     let head = format!(
         "{method} {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n\
@@ -230,7 +231,7 @@ fn ok(addr: &str, method: &str, path: &str, token: &str, body: Option<&Value>) -
 }
 
 /// Register a root agent on `addr`; its token.
-fn register(addr: &str, agent: &str) -> String {
+pub(super) fn register(addr: &str, agent: &str) -> String {
     let (status, body) = ok(
         addr,
         "POST",
@@ -242,7 +243,7 @@ fn register(addr: &str, agent: &str) -> String {
     body["token"].as_str().unwrap().to_owned()
 }
 
-fn audit_verify(url: &str) -> (i32, String) {
+pub(super) fn audit_verify(url: &str) -> (i32, String) {
     let out = warden()
         .args(["audit", "verify", "--database", url])
         .output()

@@ -22,6 +22,7 @@ mod concurrency;
 mod context;
 mod crash;
 mod migrations;
+mod pool;
 mod quotas;
 mod runs;
 mod sessions;
