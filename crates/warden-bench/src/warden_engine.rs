@@ -123,7 +123,8 @@ pub struct WardenSubject<'p> {
     policy: &'p Policy,
     state: State,
     leaf: AgentId,
-    keys: Vec<String>,
+    /// Hot questions: (asking agent, question, record key for S3).
+    questions: Vec<(AgentId, Query, String)>,
     sop: Sop,
     staged: VecDeque<Staged>,
     world: std::sync::Arc<World>,
@@ -131,7 +132,7 @@ pub struct WardenSubject<'p> {
 }
 
 impl<'p> WardenSubject<'p> {
-    /// Set up on a copy of `state`.
+    /// Set up on a copy of `state`, for the leaf's hot questions.
     pub fn new(
         policy: &'p Policy,
         state: State,
@@ -139,7 +140,31 @@ impl<'p> WardenSubject<'p> {
         scenario: Scenario,
         label: &str,
     ) -> Result<Self> {
+        Self::asking(policy, state, w, scenario, label, &w.questions(scenario))
+    }
+
+    /// Set up on a copy of `state`; `hot(p)` answers `questions[p]`
+    /// (agent index, question).
+    pub fn asking(
+        policy: &'p Policy,
+        state: State,
+        w: &std::sync::Arc<World>,
+        scenario: Scenario,
+        label: &str,
+        questions: &[(usize, Query)],
+    ) -> Result<Self> {
         let leaf = AgentId::parse(&w.agents.get(w.leaf()).context("leaf")?.id)?;
+        let questions = questions
+            .iter()
+            .map(|(a, q)| {
+                let id = AgentId::parse(&w.agents.get(*a).context("agent")?.id)?;
+                let key = match scenario {
+                    Scenario::S3 => w.records.get(*q).map(|r| r.key.clone()).unwrap_or_default(),
+                    _ => String::new(),
+                };
+                Ok((id, *q, key))
+            })
+            .collect::<Result<_>>()?;
         let steps: Vec<_> = w
             .sop
             .iter()
@@ -153,7 +178,7 @@ impl<'p> WardenSubject<'p> {
             policy,
             state,
             leaf,
-            keys: w.records.iter().map(|r| r.key.clone()).collect(),
+            questions,
             sop,
             staged: VecDeque::new(),
             world: std::sync::Arc::clone(w),
@@ -243,12 +268,9 @@ impl Subject for WardenSubject<'_> {
         self.label.clone()
     }
 
-    fn hot(&mut self, q: Query) -> Result<u64> {
-        let key = match self.scenario {
-            Scenario::S3 => self.keys.get(q).map(String::as_str).unwrap_or(""),
-            _ => "",
-        };
-        Ok(self.decide(&self.leaf, q, key))
+    fn hot(&mut self, p: usize) -> Result<u64> {
+        let (agent, q, key) = self.questions.get(p).context("question")?;
+        Ok(self.decide(agent, *q, key))
     }
 
     fn stage(&mut self, k: usize) -> Result<()> {
