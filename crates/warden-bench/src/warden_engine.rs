@@ -1,10 +1,11 @@
 //! Warden, through its public `warden-core` API, as an embedding program
 //! calls it: names in, decision out.
 //!
-//! - S1: walk the lineage ([`Hierarchy::lineage`]) and look the action up in
-//!   each agent's declared set. Warden has no "inherit a capability" rule
-//!   (capabilities only narrow), so this is the question asked with its
-//!   hierarchy API, not a cached answer.
+//! - S1: whether the agent or an ancestor declares the action
+//!   ([`Hierarchy::lineage_declares`]): one bit test in the union of the
+//!   lineage's declarations, kept per agent at registration (Warden has no
+//!   "inherit a capability" rule, capabilities only narrow; this is the
+//!   hierarchy's ancestor question, answered without walking the lineage).
 //! - S2: the cached effective capabilities ([`Hierarchy::has_capability`]),
 //!   computed once at registration.
 //! - S3: [`resolve_bounded`] over a [`MemoryIndex`] view along the lineage
@@ -218,10 +219,13 @@ impl<'p> WardenSubject<'p> {
         match self.scenario {
             Scenario::S1 => {
                 let action = ACTIONS.get(q).copied().unwrap_or("");
-                h.index_of(agent.as_str()).is_some_and(|idx| {
-                    h.lineage(idx)
-                        .any(|(_, n)| n.is_active() && n.declared().contains(action))
-                }) as u64
+                match (
+                    h.index_of(agent.as_str()),
+                    self.policy.catalogue.index_of(action),
+                ) {
+                    (Some(idx), Some(a)) => u64::from(h.lineage_declares(idx, a.get())),
+                    _ => 0,
+                }
             }
             Scenario::S2 => {
                 let action = ACTIONS.get(q).copied().unwrap_or("");
