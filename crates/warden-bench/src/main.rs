@@ -93,6 +93,11 @@ struct Args {
     /// and Rego forms, whose 10^6-agent stores take minutes and gigabytes).
     #[arg(long)]
     scale_warden_only: bool,
+    /// Instead of benchmarking, merge the engine rows of earlier runs'
+    /// `results.json` files (e.g. one process per depth) into one
+    /// `tables.md` summary and `latency-vs-depth.svg` in `--out`.
+    #[arg(long, value_delimiter = ',')]
+    merge: Option<Vec<PathBuf>>,
     /// Questions in the random-agent ring of the scaling table.
     #[arg(long, default_value_t = 1 << 16)]
     ring: usize,
@@ -198,6 +203,40 @@ fn run() -> Result<()> {
         return Ok(());
     }
     std::fs::create_dir_all(&args.out).with_context(|| format!("create {}", args.out.display()))?;
+    if let Some(files) = &args.merge {
+        let mut rows: Vec<Row> = Vec::new();
+        for f in files {
+            let text =
+                std::fs::read_to_string(f).with_context(|| format!("read {}", f.display()))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).with_context(|| format!("parse {}", f.display()))?;
+            let all: Vec<Row> = serde_json::from_value(v.get("rows").cloned().unwrap_or_default())?;
+            rows.extend(all.into_iter().filter(|r| {
+                r.agents == args.agents
+                    && (r.mode == "hot" || r.mode == "churn")
+                    && r.scenario != "s5"
+                    && !r.engine.contains(" + ")
+            }));
+        }
+        let mut md = String::from("### Warden against today's forms and the fairest forms\n\n");
+        md.push_str(&report::summary_table(&rows, args.agents));
+        md.push_str("\n### Every engine and encoding\n\n");
+        md.push_str(&report::comparison_table(&rows, args.agents));
+        std::fs::write(args.out.join("tables.md"), &md)?;
+        std::fs::write(
+            args.out.join("latency-vs-depth.svg"),
+            report::svg(
+                &rows,
+                args.agents,
+                &format!(
+                    "Median latency per decision against depth ({} agents; S4 per 50-step SOP)",
+                    args.agents
+                ),
+            ),
+        )?;
+        println!("{md}");
+        return Ok(());
+    }
     let started = Instant::now();
     let meta = machine();
     println!("machine: {meta}");

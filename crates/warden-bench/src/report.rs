@@ -25,7 +25,7 @@ pub struct Sample {
 }
 
 /// One cell and engine over all runs.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Row {
     /// Scenario key.
     pub scenario: String,

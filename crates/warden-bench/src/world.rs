@@ -330,7 +330,7 @@ impl World {
     /// world and every hot question of `s` (seeded: the same world gives the
     /// same ring).
     pub fn random_ring(&self, s: Scenario, n: usize) -> Vec<(usize, Query)> {
-        let mut rng = SplitMix64(self.seed ^ 0x5EED_0F_A6E7 ^ (s as u64));
+        let mut rng = SplitMix64(self.seed ^ 0x005E_ED0F_A6E7 ^ (s as u64));
         let queries = self.hot_queries(s);
         (0..n)
             .map(|_| {
