@@ -25,6 +25,21 @@
 //! the request's slice (the new agent, its ancestors, the record) with
 //! `Entities::from_entities`, the way Cedar's docs suggest passing entities
 //! per request. Hot mode uses the full, preloaded store.
+//!
+//! The fairest form, `cedar-1p` ([`Form::PerAction`]): Cedar 4.14 evaluates
+//! every policy of the set on every request (it has no policy index), so a
+//! host that knows the action passes only that action's policy, one per
+//! request:
+//!
+//! - S1 `permit(principal in Holds::"A", action == Action::"A", resource);`
+//! - S2, S4 `permit(principal, action == Action::"A", resource) unless { principal in Lacks::"A" };`
+//! - S3 the three permits merged into one with `||`.
+//!
+//! Its entities carry only what the scenario's policy reads (S1: the parent
+//! and `Holds` groups, S2/S4: the parent and `Lacks` groups, S3: the parent
+//! and the `parent` attribute), and its churn slice holds only what the
+//! request reads: the new agent and its ancestors with the groups of the
+//! actions asked, and for S3 the records.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::str::FromStr;
@@ -45,6 +60,9 @@ pub enum Form {
     Groups,
     /// S2 only: a naive unrolled parent walk.
     Walk,
+    /// One policy per request (the action's own), scenario-specific
+    /// entities and request-specific churn slices.
+    PerAction,
 }
 
 /// How a churn decision gets the new agent into the store.
@@ -84,6 +102,54 @@ fn agent_entity(a: &Agent, parent: Option<&str>) -> Result<Entity> {
     Entity::new(uid("Agent", &a.id)?, attrs, parents).map_err(|e| anyhow!("entity {}: {e}", a.id))
 }
 
+/// An agent entity holding only what scenario `s`'s per-action policy
+/// reads; with `only`, only the groups of those actions.
+fn fair_entity(
+    s: Scenario,
+    a: &Agent,
+    parent: Option<&str>,
+    only: Option<&[usize]>,
+) -> Result<Entity> {
+    let mut parents = HashSet::new();
+    let mut attrs = HashMap::new();
+    if let Some(p) = parent {
+        let p = uid("Agent", p)?;
+        parents.insert(p.clone());
+        if s == Scenario::S3 {
+            attrs.insert("parent".to_owned(), RestrictedExpression::new_entity_uid(p));
+        }
+    }
+    for (i, name) in ACTIONS.iter().enumerate() {
+        if only.is_some_and(|o| !o.contains(&i)) {
+            continue;
+        }
+        match s {
+            Scenario::S1 if a.declares(i) => {
+                parents.insert(uid("Holds", name)?);
+            }
+            Scenario::S2 | Scenario::S4 if !a.declares(i) => {
+                parents.insert(uid("Lacks", name)?);
+            }
+            _ => {}
+        }
+    }
+    Entity::new(uid("Agent", &a.id)?, attrs, parents).map_err(|e| anyhow!("entity {}: {e}", a.id))
+}
+
+/// The scenario-specific store of a world (for [`Form::PerAction`]).
+pub fn fair_store(w: &World, s: Scenario) -> Result<Entities> {
+    let mut entities = Vec::with_capacity(w.agents.len() + w.records.len());
+    for a in &w.agents {
+        entities.push(fair_entity(s, a, parent_id(w, a).as_deref(), None)?);
+    }
+    if s == Scenario::S3 {
+        for r in &w.records {
+            entities.push(record_entity(r)?);
+        }
+    }
+    Entities::from_entities(entities, None).map_err(|e| anyhow!("entities: {e}"))
+}
+
 fn record_entity(r: &Record) -> Result<Entity> {
     let attrs = HashMap::from([
         (
@@ -112,6 +178,11 @@ pub fn policy_text(s: Scenario, form: Form, depth: usize) -> String {
                 out.push_str(&format!(
                     "permit(principal in Holds::\"{a}\", action == Action::\"{a}\", resource);\n"
                 ));
+            }
+        }
+        (Scenario::S2 | Scenario::S4, Form::PerAction) => {
+            for a in 0..ACTIONS.len() {
+                out.push_str(&action_policy(s, a));
             }
         }
         (Scenario::S2 | Scenario::S4, Form::Groups) => {
@@ -146,6 +217,13 @@ pub fn policy_text(s: Scenario, form: Form, depth: usize) -> String {
                 "permit(principal, action, resource) when {{ {expr} }};\n"
             ));
         }
+        (Scenario::S3, Form::PerAction) => {
+            out.push_str(concat!(
+                "permit(principal, action == Action::\"read\", resource is Record) when { resource.owner == principal || ",
+                "(resource.vis == \"descendants\" && principal in resource.owner) || ",
+                "(resource.vis == \"children\" && principal has parent && principal.parent == resource.owner) };\n",
+            ));
+        }
         (Scenario::S3, _) => {
             out.push_str(concat!(
                 "permit(principal, action == Action::\"read\", resource is Record) when { resource.owner == principal };\n",
@@ -155,6 +233,27 @@ pub fn policy_text(s: Scenario, form: Form, depth: usize) -> String {
         }
     }
     out
+}
+
+/// [`Form::PerAction`]: the one policy of action `a` (S1, S2, S4).
+pub fn action_policy(s: Scenario, a: usize) -> String {
+    let name = ACTIONS.get(a).copied().unwrap_or("");
+    match s {
+        Scenario::S1 => format!(
+            "permit(principal in Holds::\"{name}\", action == Action::\"{name}\", resource);\n"
+        ),
+        _ => format!(
+            "permit(principal, action == Action::\"{name}\", resource) unless {{ principal in Lacks::\"{name}\" }};\n"
+        ),
+    }
+}
+
+/// `n` policies that never apply to a benchmarked request (for the
+/// policy-count sweep: Cedar evaluates each of them anyway).
+pub fn padding(n: usize) -> String {
+    (0..n)
+        .map(|i| format!("permit(principal in Holds::\"pad.{i}\", action == Action::\"pad.{i}\", resource);\n"))
+        .collect()
 }
 
 /// The full store of a world.
@@ -171,7 +270,7 @@ pub fn store(w: &World) -> Result<Entities> {
 
 struct Staged {
     new: Vec<Entity>,
-    requests: Vec<Request>,
+    requests: Vec<(Request, usize)>,
 }
 
 /// Cedar for one scenario, form and churn method.
@@ -179,12 +278,13 @@ pub struct CedarSubject {
     scenario: Scenario,
     form: Form,
     churn: Churn,
-    policies: PolicySet,
+    /// One set ([`Form::Groups`], [`Form::Walk`], S3), or one per action.
+    sets: Vec<PolicySet>,
     authorizer: Authorizer,
     base: Entities,
     entities: Option<Entities>,
-    /// Hot requests, by query.
-    hot: Vec<Vec<Request>>,
+    /// Hot requests, by question, each with the index of its policy set.
+    hot: Vec<Vec<(Request, usize)>>,
     /// The churn parent's lineage as entities (the slice all churn agents share).
     slice: Vec<Entity>,
     world: std::sync::Arc<World>,
@@ -193,7 +293,9 @@ pub struct CedarSubject {
 }
 
 impl CedarSubject {
-    /// Set up with a copy of `base` (the world's full store).
+    /// Set up with a copy of `base` (the world's full store for
+    /// [`Form::Groups`] and [`Form::Walk`], [`fair_store`] for
+    /// [`Form::PerAction`]), for the leaf's hot questions.
     pub fn new(
         w: &std::sync::Arc<World>,
         base: &Entities,
@@ -202,13 +304,38 @@ impl CedarSubject {
         churn: Churn,
         label: &str,
     ) -> Result<Self> {
-        let policies = PolicySet::from_str(&policy_text(s, form, w.depth))
-            .map_err(|e| anyhow!("cedar policies: {e}"))?;
-        let leaf = w.agents.get(w.leaf()).context("leaf")?;
-        let hot = w
-            .hot_queries(s)
-            .into_iter()
-            .map(|q| requests(w, s, form, &leaf.id, q, w.records.get(q)))
+        Self::asking(w, base, s, form, churn, label, &w.questions(s), 0)
+    }
+
+    /// Set up with a copy of `base`; `hot(p)` answers `questions[p]`, and
+    /// every policy set also holds `pad` policies that never apply.
+    #[allow(clippy::too_many_arguments)]
+    pub fn asking(
+        w: &std::sync::Arc<World>,
+        base: &Entities,
+        s: Scenario,
+        form: Form,
+        churn: Churn,
+        label: &str,
+        questions: &[(usize, Query)],
+        pad: usize,
+    ) -> Result<Self> {
+        let pad = padding(pad);
+        let parse = |text: String| {
+            PolicySet::from_str(&(text + &pad)).map_err(|e| anyhow!("cedar policies: {e}"))
+        };
+        let sets = match (form, s) {
+            (Form::PerAction, Scenario::S1 | Scenario::S2 | Scenario::S4) => (0..ACTIONS.len())
+                .map(|a| parse(action_policy(s, a)))
+                .collect::<Result<_>>()?,
+            _ => vec![parse(policy_text(s, form, w.depth))?],
+        };
+        let hot = questions
+            .iter()
+            .map(|(a, q)| {
+                let id = &w.agents.get(*a).context("agent")?.id;
+                requests(w, s, form, id, *q, w.records.get(*q))
+            })
             .collect::<Result<_>>()?;
         let slice = w
             .lineage(w.churn_parent())
@@ -220,7 +347,7 @@ impl CedarSubject {
             scenario: s,
             form,
             churn,
-            policies,
+            sets,
             authorizer: Authorizer::new(),
             base: base.clone(),
             entities: Some(base.clone()),
@@ -232,28 +359,37 @@ impl CedarSubject {
         })
     }
 
-    fn decide_all(&self, requests: &[Request], entities: &Entities) -> u64 {
-        requests.iter().enumerate().fold(0u64, |acc, (i, r)| {
-            let resp = self.authorizer.is_authorized(r, &self.policies, entities);
-            acc | (u64::from(resp.decision() == Decision::Allow) << i)
-        })
+    fn decide_all(&self, requests: &[(Request, usize)], entities: &Entities) -> Result<u64> {
+        let mut acc = 0u64;
+        for (i, (r, set)) in requests.iter().enumerate() {
+            let policies = self.sets.get(*set).context("policy set")?;
+            let resp = self.authorizer.is_authorized(r, policies, entities);
+            acc |= u64::from(resp.decision() == Decision::Allow) << i;
+        }
+        Ok(acc)
     }
 
-    /// Whether any request of hot query `q` produced an evaluation error
+    /// Whether any request of hot question `p` produced an evaluation error
     /// (Cedar turns errors into denials; the agreement check rejects them).
-    pub fn hot_errors(&self, q: Query) -> Vec<String> {
+    pub fn hot_errors(&self, p: usize) -> Vec<String> {
         let Some(entities) = self.entities.as_ref() else {
             return vec!["no store".into()];
         };
         let mut out = Vec::new();
-        for r in self.hot.get(q).into_iter().flatten() {
-            let resp = self.authorizer.is_authorized(r, &self.policies, entities);
+        for (r, set) in self.hot.get(p).into_iter().flatten() {
+            let Some(policies) = self.sets.get(*set) else {
+                out.push("no policy set".into());
+                continue;
+            };
+            let resp = self.authorizer.is_authorized(r, policies, entities);
             out.extend(resp.diagnostics().errors().map(|e| e.to_string()));
         }
         out
     }
 }
 
+/// The requests of one question, each with the index of its policy set
+/// (for [`Form::PerAction`], the action's; otherwise 0).
 fn requests(
     w: &World,
     s: Scenario,
@@ -261,33 +397,41 @@ fn requests(
     principal: &str,
     q: Query,
     record: Option<&Record>,
-) -> Result<Vec<Request>> {
+) -> Result<Vec<(Request, usize)>> {
     let p = uid("Agent", principal)?;
-    let one = |action: &str, resource: EntityUid| -> Result<Request> {
+    let one = |a: usize, action: &str, resource: EntityUid| -> Result<(Request, usize)> {
         let context = match form {
             Form::Walk => Context::from_pairs([(
                 "a".to_owned(),
                 RestrictedExpression::new_string(action.to_owned()),
             )])
             .map_err(|e| anyhow!("context: {e}"))?,
-            Form::Groups => Context::empty(),
+            Form::Groups | Form::PerAction => Context::empty(),
         };
-        Request::new(p.clone(), uid("Action", action)?, resource, context, None)
-            .map_err(|e| anyhow!("request: {e}"))
+        let set = if form == Form::PerAction && s != Scenario::S3 {
+            a
+        } else {
+            0
+        };
+        let r = Request::new(p.clone(), uid("Action", action)?, resource, context, None)
+            .map_err(|e| anyhow!("request: {e}"))?;
+        Ok((r, set))
     };
     let tool = uid("Tool", "t")?;
     match s {
-        Scenario::S1 | Scenario::S2 => {
-            Ok(vec![one(ACTIONS.get(q).copied().context("action")?, tool)?])
-        }
+        Scenario::S1 | Scenario::S2 => Ok(vec![one(
+            q,
+            ACTIONS.get(q).copied().context("action")?,
+            tool,
+        )?]),
         Scenario::S3 => {
             let r = record.context("record")?;
-            Ok(vec![one("read", uid("Record", &r.key)?)?])
+            Ok(vec![one(0, "read", uid("Record", &r.key)?)?])
         }
         Scenario::S4 => w
             .sop
             .iter()
-            .map(|a| one(ACTIONS.get(*a).copied().unwrap_or(""), tool.clone()))
+            .map(|a| one(*a, ACTIONS.get(*a).copied().unwrap_or(""), tool.clone()))
             .collect(),
     }
 }
@@ -297,10 +441,10 @@ impl Subject for CedarSubject {
         self.label.clone()
     }
 
-    fn hot(&mut self, q: Query) -> Result<u64> {
+    fn hot(&mut self, p: usize) -> Result<u64> {
         let entities = self.entities.as_ref().context("no store")?;
-        let reqs = self.hot.get(q).context("query")?;
-        Ok(self.decide_all(reqs, entities))
+        let reqs = self.hot.get(p).context("question")?;
+        self.decide_all(reqs, entities)
     }
 
     fn stage(&mut self, k: usize) -> Result<()> {
@@ -309,10 +453,31 @@ impl Subject for CedarSubject {
         let parent = w.agents.get(w.churn_parent()).map(|a| a.id.as_str());
         let q = w.churn_query(self.scenario, k);
         let record = w.churn_query_record(k, q);
-        let mut new = vec![agent_entity(&agent, parent)?];
+        let mut new = Vec::new();
+        if self.form == Form::PerAction {
+            // Only what this request reads: the actions it asks about, the
+            // new agent and its ancestors, the records.
+            let only: Vec<usize> = match self.scenario {
+                Scenario::S1 | Scenario::S2 => vec![q],
+                Scenario::S3 => Vec::new(),
+                Scenario::S4 => w.sop.clone(),
+            };
+            new.push(fair_entity(self.scenario, &agent, parent, Some(&only))?);
+            for i in w.lineage(w.churn_parent()) {
+                let a = w.agents.get(i).context("ancestor")?;
+                new.push(fair_entity(
+                    self.scenario,
+                    a,
+                    parent_id(w, a).as_deref(),
+                    Some(&only),
+                )?);
+            }
+        } else {
+            new.push(agent_entity(&agent, parent)?);
+        }
         if self.scenario == Scenario::S3 {
             new.push(record_entity(&w.churn_record(k))?);
-            if self.churn == Churn::Slice && q < w.records.len() {
+            if (self.churn == Churn::Slice || self.form == Form::PerAction) && q < w.records.len() {
                 // The slice must hold the record being read.
                 new.push(record_entity(&record)?);
             }
@@ -324,6 +489,11 @@ impl Subject for CedarSubject {
 
     fn churn(&mut self, _k: usize) -> Result<u64> {
         let st = self.staged.pop_front().context("nothing staged")?;
+        if self.form == Form::PerAction {
+            let store =
+                Entities::from_entities(st.new, None).map_err(|e| anyhow!("from_entities: {e}"))?;
+            return self.decide_all(&st.requests, &store);
+        }
         match self.churn {
             Churn::Add => {
                 let store = self.entities.take().context("no store")?;
@@ -332,18 +502,18 @@ impl Subject for CedarSubject {
                     .map_err(|e| anyhow!("add_entities: {e}"))?;
                 let out = self.decide_all(&st.requests, &store);
                 self.entities = Some(store);
-                Ok(out)
+                out
             }
             Churn::Slice => {
                 let store = Entities::from_entities(self.slice.iter().cloned().chain(st.new), None)
                     .map_err(|e| anyhow!("from_entities: {e}"))?;
-                Ok(self.decide_all(&st.requests, &store))
+                self.decide_all(&st.requests, &store)
             }
         }
     }
 
     fn reset(&mut self) -> Result<()> {
-        if self.churn == Churn::Add {
+        if self.churn == Churn::Add && self.form != Form::PerAction {
             self.entities = Some(self.base.clone());
         }
         Ok(())

@@ -23,6 +23,7 @@ pub mod agt;
 pub mod cedar_engine;
 pub mod rego_engine;
 pub mod report;
+pub mod session;
 pub mod subject;
 pub mod timing;
 pub mod warden_engine;
@@ -30,9 +31,10 @@ pub mod world;
 
 use std::sync::Arc;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use cedar_policy::Entities;
 use regorus::Engine;
+use regorus::rvm::program::Program;
 use warden_core::bundle::Policy;
 
 use crate::subject::Subject;
@@ -60,27 +62,125 @@ pub struct Loaded {
     pub warden: warden_engine::State,
     /// Cedar's full store.
     pub cedar: Entities,
+    /// Cedar's scenario-specific stores (S1, S2 and S4, S3).
+    pub cedar_fair: Vec<(Scenario, Entities)>,
     /// Regorus engines (reach, closure).
     pub rego: (Engine, Engine),
+    /// Regorus' compiled programs and the closure data document.
+    pub rego_vm: (Vec<(Scenario, Arc<Program>)>, regorus::Value),
 }
 
 impl Loaded {
     /// Load `world` into every engine.
     pub fn new(world: World) -> Result<Self> {
+        Self::load(world, true)
+    }
+
+    /// Load `world` into the fairest forms only (Warden, Cedar's
+    /// scenario-specific stores, Rego's VM data): for
+    /// [`Loaded::fair_subjects`] on large worlds. Its [`Loaded::subjects`]
+    /// would answer from empty stores (and fail the agreement check).
+    pub fn fair(world: World) -> Result<Self> {
+        Self::load(world, false)
+    }
+
+    /// Load `world` into Warden only (the other engines' stores are
+    /// empty): for `--scale-warden-only`.
+    pub fn fair_warden(world: World) -> Result<Self> {
         let policy = warden_engine::policy()?;
         let warden = warden_engine::load(&policy, &world)?;
-        let cedar = cedar_engine::store(&world)?;
-        let rego = (
-            rego_engine::engine(&world, rego_engine::Form::Reach)?,
-            rego_engine::engine(&world, rego_engine::Form::Closure)?,
-        );
+        Ok(Self {
+            world: Arc::new(world),
+            policy,
+            warden,
+            cedar: Entities::empty(),
+            cedar_fair: [Scenario::S1, Scenario::S2, Scenario::S3]
+                .into_iter()
+                .map(|s| (s, Entities::empty()))
+                .collect(),
+            rego: (Engine::new(), Engine::new()),
+            rego_vm: (rego_engine::programs()?, regorus::Value::new_object()),
+        })
+    }
+
+    fn load(world: World, full: bool) -> Result<Self> {
+        let policy = warden_engine::policy()?;
+        let warden = warden_engine::load(&policy, &world)?;
+        let cedar = if full {
+            cedar_engine::store(&world)?
+        } else {
+            Entities::empty()
+        };
+        let cedar_fair = [Scenario::S1, Scenario::S2, Scenario::S3]
+            .into_iter()
+            .map(|s| Ok((s, cedar_engine::fair_store(&world, s)?)))
+            .collect::<Result<_>>()?;
+        let rego = if full {
+            (
+                rego_engine::engine(&world, rego_engine::Form::Reach)?,
+                rego_engine::engine(&world, rego_engine::Form::Closure)?,
+            )
+        } else {
+            (Engine::new(), Engine::new())
+        };
+        let rego_vm = (rego_engine::programs()?, rego_engine::vm_data(&world)?);
         Ok(Self {
             world: Arc::new(world),
             policy,
             warden,
             cedar,
+            cedar_fair,
             rego,
+            rego_vm,
         })
+    }
+
+    /// Cedar's scenario-specific store for `s`.
+    pub fn fair_store(&self, s: Scenario) -> Result<&Entities> {
+        let key = if s == Scenario::S4 { Scenario::S2 } else { s };
+        self.cedar_fair
+            .iter()
+            .find(|(x, _)| *x == key)
+            .map(|(_, e)| e)
+            .context("fair store")
+    }
+
+    /// The fairest subjects only (Warden, `cedar-1p`, `rego-vm`), asking
+    /// `questions` in hot mode (random agents, for the scaling tables).
+    pub fn fair_subjects(
+        &self,
+        s: Scenario,
+        questions: &[(usize, world::Query)],
+    ) -> Result<Vec<Box<dyn Subject + '_>>> {
+        use cedar_engine::{CedarSubject, Churn, Form as CF};
+        let w = &self.world;
+        Ok(vec![
+            Box::new(warden_engine::WardenSubject::asking(
+                &self.policy,
+                self.warden.clone(),
+                w,
+                s,
+                "warden",
+                questions,
+            )?),
+            Box::new(CedarSubject::asking(
+                w,
+                self.fair_store(s)?,
+                s,
+                CF::PerAction,
+                Churn::Slice,
+                "cedar-1p",
+                questions,
+                0,
+            )?),
+            Box::new(rego_engine::RegoVmSubject::new(
+                w,
+                &self.rego_vm.0,
+                &self.rego_vm.1,
+                s,
+                questions,
+            )?),
+        ])
     }
 
     /// Fresh subjects for one cell: Warden first, then Cedar's encodings,
@@ -98,7 +198,7 @@ impl Loaded {
         }
         for form in forms {
             let name = match form {
-                CF::Groups => "cedar",
+                CF::Groups | CF::PerAction => "cedar",
                 CF::Walk => "cedar-walk",
             };
             match mode {
@@ -124,8 +224,26 @@ impl Loaded {
                 }
             }
         }
+        out.push(Box::new(CedarSubject::new(
+            w,
+            self.fair_store(s)?,
+            s,
+            CF::PerAction,
+            Churn::Slice,
+            match mode {
+                Mode::Hot => "cedar-1p",
+                Mode::Churn => "cedar-1p (slice)",
+            },
+        )?));
         out.push(Box::new(RegoSubject::new(w, &self.rego.0, s, RF::Reach)?));
         out.push(Box::new(RegoSubject::new(w, &self.rego.1, s, RF::Closure)?));
+        out.push(Box::new(rego_engine::RegoVmSubject::new(
+            w,
+            &self.rego_vm.0,
+            &self.rego_vm.1,
+            s,
+            &w.questions(s),
+        )?));
         Ok(out)
     }
 }
@@ -206,12 +324,16 @@ pub fn check_diagnostics(l: &Loaded) -> Result<()> {
     use cedar_engine::{CedarSubject, Churn, Form};
     let w = &l.world;
     for s in Scenario::ALL {
-        let mut forms = vec![Form::Groups];
+        let mut forms = vec![Form::Groups, Form::PerAction];
         if s == Scenario::S2 {
             forms.push(Form::Walk);
         }
         for form in forms {
-            let c = CedarSubject::new(w, &l.cedar, s, form, Churn::Add, "cedar")?;
+            let store = match form {
+                Form::PerAction => l.fair_store(s)?,
+                _ => &l.cedar,
+            };
+            let c = CedarSubject::new(w, store, s, form, Churn::Add, "cedar")?;
             for q in w.hot_queries(s) {
                 let errors = c.hot_errors(q);
                 if !errors.is_empty() {
@@ -322,6 +444,32 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The fairest forms answer a random agent's questions as the model
+    /// does, on every scenario.
+    #[test]
+    fn fair_subjects_agree_for_random_agents() {
+        with_big_stack(|| {
+            let l = Loaded::fair(World::new(6, 40, 9)).unwrap();
+            for s in Scenario::ALL {
+                let ring = l.world.random_ring(s, 200);
+                let mut subs = l.fair_subjects(s, &ring).unwrap();
+                assert_eq!(subs.len(), 3);
+                for (p, (a, q)) in ring.iter().enumerate() {
+                    let want = model::hot_for(&l.world, s, *a, *q);
+                    for sub in subs.iter_mut() {
+                        assert_eq!(
+                            sub.hot(p).unwrap(),
+                            want,
+                            "{s:?} {} agent {a} q {q}",
+                            sub.label()
+                        );
+                    }
+                }
+            }
+        })
+        .unwrap();
     }
 
     /// A wrong answer is caught: the check is not vacuous.

@@ -25,7 +25,7 @@ pub struct Sample {
 }
 
 /// One cell and engine over all runs.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Row {
     /// Scenario key.
     pub scenario: String,
@@ -192,11 +192,43 @@ pub fn best<'r>(
         .min_by(|a, b| a.median_ns.total_cmp(&b.median_ns))
 }
 
-/// Warden against the best encoding of each other engine, per cell.
+/// Lowest-median row of a cell among engines `pick` accepts.
+fn best_by<'r>(
+    rows: &'r [Row],
+    scenario: &str,
+    depth: usize,
+    mode: &str,
+    agents: usize,
+    pick: impl Fn(&str) -> bool,
+) -> Option<&'r Row> {
+    rows.iter()
+        .filter(|r| {
+            r.scenario == scenario
+                && r.depth == depth
+                && r.mode == mode
+                && r.agents == agents
+                && pick(&r.engine)
+        })
+        .min_by(|a, b| a.median_ns.total_cmp(&b.median_ns))
+}
+
+fn is_fair_cedar(e: &str) -> bool {
+    e.starts_with("cedar-1p")
+}
+
+fn is_vm(e: &str) -> bool {
+    e.starts_with("rego-vm")
+}
+
+/// Warden against each other engine per cell: today's forms (the best of
+/// `cedar` / `cedar-walk`, of `rego-reach` / `rego-closure` on the
+/// interpreter) and the fairest (`cedar-1p`, `rego-vm`).
 pub fn summary_table(rows: &[Row], agents: usize) -> String {
     let mut out = String::new();
-    out.push_str("| scenario | mode | depth | Warden | best Cedar | Cedar ÷ Warden | best Rego | Rego ÷ Warden |\n");
-    out.push_str("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    out.push_str("| scenario | mode | depth | Warden | Cedar (today's best form) | ÷ Warden | fairest Cedar (cedar-1p) | ÷ Warden | Rego interpreter (best) | ÷ Warden | Rego VM (rego-vm) | ÷ Warden |\n");
+    out.push_str(
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
     let mut cells: Vec<(String, String, usize)> = Vec::new();
     for r in rows.iter().filter(|r| r.agents == agents) {
         let c = (r.scenario.clone(), r.mode.clone(), r.depth);
@@ -206,31 +238,108 @@ pub fn summary_table(rows: &[Row], agents: usize) -> String {
     }
     cells.sort_by(|a, b| (&a.0, a.1 != "hot", a.2).cmp(&(&b.0, b.1 != "hot", b.2)));
     for (s, m, d) in cells {
-        let w = best(rows, &s, d, &m, agents, "warden");
-        let c = best(rows, &s, d, &m, agents, "cedar");
-        let g = best(rows, &s, d, &m, agents, "rego");
+        let w = best_by(rows, &s, d, &m, agents, |e: &str| e == "warden");
         let wm = w.map_or(f64::NAN, |r| r.median_ns);
-        let cell = |r: Option<&Row>| {
-            r.map_or("–".into(), |r| {
+        let picks: [&dyn Fn(&str) -> bool; 4] = [
+            &|e: &str| e.starts_with("cedar") && !is_fair_cedar(e),
+            &is_fair_cedar,
+            &|e: &str| e.starts_with("rego") && !is_vm(e),
+            &is_vm,
+        ];
+        let mut line = format!("| {} | {m} | {d} | {} |", scenario_name(&s), fmt_ns(wm));
+        for pick in picks {
+            let r = best_by(rows, &s, d, &m, agents, pick);
+            let cell = r.map_or("–".into(), |r| {
                 format!("{} ({})", fmt_ns(r.median_ns), r.engine)
-            })
+            });
+            let ratio = fmt_ratio(r.map_or(f64::NAN, |r| r.median_ns) / wm);
+            let _ = write!(line, " {cell} | {ratio} |");
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
+/// The random-agent table: per scenario and engine, the median at each
+/// size, the growth from the small to the large hierarchy, and the ratio to
+/// Warden at each size.
+pub fn scale_table(rows: &[Row], small: usize, large: usize) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "| scenario | engine | {small} agents | p99 | {large} agents | p99 | {large} ÷ {small} | ÷ Warden at {small} | ÷ Warden at {large} |"
+    );
+    out.push_str("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    let mut keys: Vec<(String, String)> = Vec::new();
+    for r in rows {
+        let k = (r.scenario.clone(), r.engine.clone());
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    let find = |s: &str, e: &str, n: usize| {
+        rows.iter()
+            .find(|r| r.scenario == s && r.engine == e && r.agents == n)
+    };
+    for (s, e) in keys {
+        let a = find(&s, &e, small);
+        let b = find(&s, &e, large);
+        let wa = find(&s, "warden", small).map_or(f64::NAN, |r| r.median_ns);
+        let wb = find(&s, "warden", large).map_or(f64::NAN, |r| r.median_ns);
+        let m = |r: Option<&Row>| r.map_or(f64::NAN, |r| r.median_ns);
+        let p = |r: Option<&Row>| r.map_or(f64::NAN, |r| r.p99_ns);
+        let (ra, rb) = if e == "warden" {
+            ("1".to_owned(), "1".to_owned())
+        } else {
+            (fmt_ratio(m(a) / wa), fmt_ratio(m(b) / wb))
         };
         let _ = writeln!(
             out,
-            "| {} | {m} | {d} | {} | {} | {} | {} | {} |",
+            "| {} | {e} | {} | {} | {} | {} | {} | {ra} | {rb} |",
             scenario_name(&s),
-            fmt_ns(wm),
-            cell(c),
-            fmt_ratio(c.map_or(f64::NAN, |r| r.median_ns) / wm),
-            cell(g),
-            fmt_ratio(g.map_or(f64::NAN, |r| r.median_ns) / wm),
+            fmt_ns(m(a)),
+            fmt_ns(p(a)),
+            fmt_ns(m(b)),
+            fmt_ns(p(b)),
+            fmt_ratio(m(b) / m(a)),
         );
     }
     out
 }
 
-const COLORS: [(&str, &str); 9] = [
+/// A plain table of rows with the ratio of each to `base`'s median.
+pub fn plain_table(rows: &[Row], base: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "| scenario | engine | median | p99 | run spread | ÷ {base} |"
+    );
+    out.push_str("| --- | --- | ---: | ---: | ---: | ---: |\n");
+    for r in rows {
+        let b = rows
+            .iter()
+            .find(|x| x.engine == base && x.scenario == r.scenario)
+            .map_or(f64::NAN, |x| x.median_ns);
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {:.0}% | {} |",
+            r.scenario.to_uppercase(),
+            r.engine,
+            fmt_ns(r.median_ns),
+            fmt_ns(r.p99_ns),
+            r.spread_pct,
+            fmt_ratio(r.median_ns / b)
+        );
+    }
+    out
+}
+
+const COLORS: [(&str, &str); 12] = [
     ("warden", "#d62728"),
+    ("cedar-1p", "#08306b"),
+    ("cedar-1p (slice)", "#08306b"),
+    ("rego-vm", "#8c564b"),
     ("cedar", "#1f77b4"),
     ("cedar (add)", "#1f77b4"),
     ("cedar (slice)", "#17becf"),
@@ -261,16 +370,66 @@ pub fn svg(rows: &[Row], agents: usize, title: &str) -> String {
     let mut depths: Vec<usize> = rows.iter().map(|r| r.depth).collect();
     depths.sort_unstable();
     depths.dedup();
-    let (pw, ph) = (330.0, 230.0);
-    let (ml, mr, mt, mb) = (58.0, 12.0, 28.0, 36.0);
-    let cols = 4;
     let panels: Vec<(&str, &str)> = ["hot", "churn"]
         .iter()
         .flat_map(|m| ["s1", "s2", "s3", "s4"].into_iter().map(move |s| (s, *m)))
         .collect();
+    let ticks: Vec<(f64, String)> = depths.iter().map(|d| (*d as f64, d.to_string())).collect();
+    let dmax = depths.last().copied().unwrap_or(64) as f64;
+    plot(
+        &rows,
+        title,
+        &|r: &Row| r.depth as f64,
+        (0.0, dmax),
+        &ticks,
+        "depth",
+        &panels,
+    )
+}
+
+/// Latency against the number of agents (log scale), one panel per
+/// scenario, one line per engine.
+pub fn agents_svg(rows: &[Row], title: &str) -> String {
+    let rows: Vec<&Row> = rows.iter().collect();
+    let mut sizes: Vec<usize> = rows.iter().map(|r| r.agents).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let lx = |n: usize| (n.max(1) as f64).log10();
+    let ticks: Vec<(f64, String)> = sizes.iter().map(|n| (lx(*n), n.to_string())).collect();
+    let lo = sizes.first().map_or(3.0, |n| lx(*n));
+    let hi = sizes.last().map_or(6.0, |n| lx(*n));
+    let mode = rows.first().map_or("random", |r| r.mode.as_str());
+    let panels: Vec<(&str, &str)> = ["s1", "s2", "s3", "s4"]
+        .into_iter()
+        .map(|s| (s, mode))
+        .collect();
+    plot(
+        &rows,
+        title,
+        &|r: &Row| lx(r.agents),
+        (lo - 0.3, hi + 0.3),
+        &ticks,
+        "agents (log scale)",
+        &panels,
+    )
+}
+
+fn plot(
+    rows: &[&Row],
+    title: &str,
+    xof: &dyn Fn(&Row) -> f64,
+    (dmin, dmax): (f64, f64),
+    ticks: &[(f64, String)],
+    xlabel: &str,
+    panels: &[(&str, &str)],
+) -> String {
+    let (pw, ph) = (330.0, 230.0);
+    let (ml, mr, mt, mb) = (58.0, 12.0, 28.0, 36.0);
+    let cols = 4;
+    let nrows = panels.len().div_ceil(cols) as f64;
     let legend_h = 40.0;
     let width = cols as f64 * pw;
-    let height = 30.0 + 2.0 * ph + legend_h;
+    let height = 30.0 + nrows * ph + legend_h;
     let mut o = String::new();
     let _ = writeln!(
         o,
@@ -283,8 +442,6 @@ pub fn svg(rows: &[Row], agents: usize, title: &str) -> String {
         width / 2.0,
         esc(title)
     );
-    let dmax = depths.last().copied().unwrap_or(64) as f64;
-    let dmin = 0.0;
     let mut engines_seen: Vec<String> = Vec::new();
     for (i, (s, m)) in panels.iter().enumerate() {
         let x0 = (i % cols) as f64 * pw;
@@ -335,8 +492,8 @@ pub fn svg(rows: &[Row], agents: usize, title: &str) -> String {
             );
             e += 1;
         }
-        for d in &depths {
-            let x = sx(*d as f64);
+        for (tx, d) in ticks {
+            let x = sx(*tx);
             let _ = writeln!(
                 o,
                 r##"<line x1="{x}" y1="{iy1}" x2="{x}" y2="{}" stroke="#999"/><text x="{x}" y="{}" text-anchor="middle">{d}</text>"##,
@@ -346,7 +503,7 @@ pub fn svg(rows: &[Row], agents: usize, title: &str) -> String {
         }
         let _ = writeln!(
             o,
-            r#"<text x="{}" y="{}" text-anchor="middle">depth</text>"#,
+            r#"<text x="{}" y="{}" text-anchor="middle">{xlabel}</text>"#,
             (ix0 + ix1) / 2.0,
             iy1 + 30.0
         );
@@ -365,7 +522,7 @@ pub fn svg(rows: &[Row], agents: usize, title: &str) -> String {
             let mut pts: Vec<(f64, f64)> = pr
                 .iter()
                 .filter(|r| r.engine == eng)
-                .map(|r| (sx(r.depth as f64), sy(r.median_ns)))
+                .map(|r| (sx(xof(r)), sy(r.median_ns)))
                 .collect();
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
             let path: Vec<String> = pts.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
@@ -385,7 +542,7 @@ pub fn svg(rows: &[Row], agents: usize, title: &str) -> String {
             }
         }
     }
-    let ly = 30.0 + 2.0 * ph + 14.0;
+    let ly = 30.0 + nrows * ph + 14.0;
     let mut lx = 20.0;
     for eng in engines_seen {
         let c = color(&eng);

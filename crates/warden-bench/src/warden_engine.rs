@@ -1,10 +1,11 @@
 //! Warden, through its public `warden-core` API, as an embedding program
 //! calls it: names in, decision out.
 //!
-//! - S1: walk the lineage ([`Hierarchy::lineage`]) and look the action up in
-//!   each agent's declared set. Warden has no "inherit a capability" rule
-//!   (capabilities only narrow), so this is the question asked with its
-//!   hierarchy API, not a cached answer.
+//! - S1: whether the agent or an ancestor declares the action
+//!   ([`Hierarchy::lineage_declares`]): one bit test in the union of the
+//!   lineage's declarations, kept per agent at registration (Warden has no
+//!   "inherit a capability" rule, capabilities only narrow; this is the
+//!   hierarchy's ancestor question, answered without walking the lineage).
 //! - S2: the cached effective capabilities ([`Hierarchy::has_capability`]),
 //!   computed once at registration.
 //! - S3: [`resolve_bounded`] over a [`MemoryIndex`] view along the lineage
@@ -123,7 +124,8 @@ pub struct WardenSubject<'p> {
     policy: &'p Policy,
     state: State,
     leaf: AgentId,
-    keys: Vec<String>,
+    /// Hot questions: (asking agent, question, record key for S3).
+    questions: Vec<(AgentId, Query, String)>,
     sop: Sop,
     staged: VecDeque<Staged>,
     world: std::sync::Arc<World>,
@@ -131,7 +133,7 @@ pub struct WardenSubject<'p> {
 }
 
 impl<'p> WardenSubject<'p> {
-    /// Set up on a copy of `state`.
+    /// Set up on a copy of `state`, for the leaf's hot questions.
     pub fn new(
         policy: &'p Policy,
         state: State,
@@ -139,7 +141,31 @@ impl<'p> WardenSubject<'p> {
         scenario: Scenario,
         label: &str,
     ) -> Result<Self> {
+        Self::asking(policy, state, w, scenario, label, &w.questions(scenario))
+    }
+
+    /// Set up on a copy of `state`; `hot(p)` answers `questions[p]`
+    /// (agent index, question).
+    pub fn asking(
+        policy: &'p Policy,
+        state: State,
+        w: &std::sync::Arc<World>,
+        scenario: Scenario,
+        label: &str,
+        questions: &[(usize, Query)],
+    ) -> Result<Self> {
         let leaf = AgentId::parse(&w.agents.get(w.leaf()).context("leaf")?.id)?;
+        let questions = questions
+            .iter()
+            .map(|(a, q)| {
+                let id = AgentId::parse(&w.agents.get(*a).context("agent")?.id)?;
+                let key = match scenario {
+                    Scenario::S3 => w.records.get(*q).map(|r| r.key.clone()).unwrap_or_default(),
+                    _ => String::new(),
+                };
+                Ok((id, *q, key))
+            })
+            .collect::<Result<_>>()?;
         let steps: Vec<_> = w
             .sop
             .iter()
@@ -153,7 +179,7 @@ impl<'p> WardenSubject<'p> {
             policy,
             state,
             leaf,
-            keys: w.records.iter().map(|r| r.key.clone()).collect(),
+            questions,
             sop,
             staged: VecDeque::new(),
             world: std::sync::Arc::clone(w),
@@ -193,10 +219,13 @@ impl<'p> WardenSubject<'p> {
         match self.scenario {
             Scenario::S1 => {
                 let action = ACTIONS.get(q).copied().unwrap_or("");
-                h.index_of(agent.as_str()).is_some_and(|idx| {
-                    h.lineage(idx)
-                        .any(|(_, n)| n.is_active() && n.declared().contains(action))
-                }) as u64
+                match (
+                    h.index_of(agent.as_str()),
+                    self.policy.catalogue.index_of(action),
+                ) {
+                    (Some(idx), Some(a)) => u64::from(h.lineage_declares(idx, a.get())),
+                    _ => 0,
+                }
             }
             Scenario::S2 => {
                 let action = ACTIONS.get(q).copied().unwrap_or("");
@@ -243,12 +272,9 @@ impl Subject for WardenSubject<'_> {
         self.label.clone()
     }
 
-    fn hot(&mut self, q: Query) -> Result<u64> {
-        let key = match self.scenario {
-            Scenario::S3 => self.keys.get(q).map(String::as_str).unwrap_or(""),
-            _ => "",
-        };
-        Ok(self.decide(&self.leaf, q, key))
+    fn hot(&mut self, p: usize) -> Result<u64> {
+        let (agent, q, key) = self.questions.get(p).context("question")?;
+        Ok(self.decide(agent, *q, key))
     }
 
     fn stage(&mut self, k: usize) -> Result<()> {

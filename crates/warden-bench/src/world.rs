@@ -316,6 +316,34 @@ impl World {
         }
     }
 
+    /// The hot questions of a scenario as (agent, question) pairs: the leaf
+    /// asks each of [`World::hot_queries`]. A subject's `hot(p)` answers
+    /// pair `p`.
+    pub fn questions(&self, s: Scenario) -> Vec<(usize, Query)> {
+        self.hot_queries(s)
+            .into_iter()
+            .map(|q| (self.leaf(), q))
+            .collect()
+    }
+
+    /// `n` random (agent, question) pairs, uniform over every agent of the
+    /// world and every hot question of `s` (seeded: the same world gives the
+    /// same ring).
+    pub fn random_ring(&self, s: Scenario, n: usize) -> Vec<(usize, Query)> {
+        let mut rng = SplitMix64(self.seed ^ 0x005E_ED0F_A6E7 ^ (s as u64));
+        let queries = self.hot_queries(s);
+        (0..n)
+            .map(|_| {
+                let a = rng.below(self.agents.len() as u64) as usize;
+                let q = queries
+                    .get(rng.below(queries.len() as u64) as usize)
+                    .copied()
+                    .unwrap_or(0);
+                (a, q)
+            })
+            .collect()
+    }
+
     /// The lineage of agent `idx` (itself first) as indices.
     pub fn lineage(&self, idx: usize) -> Vec<usize> {
         let mut out = Vec::new();
@@ -383,9 +411,13 @@ pub mod model {
 
     /// The hot answer for the leaf.
     pub fn hot(w: &World, s: Scenario, q: Query) -> u64 {
-        let leaf = w.leaf();
-        let lineage = w.lineage(leaf);
-        let Some(agent) = w.agents.get(leaf) else {
+        hot_for(w, s, w.leaf(), q)
+    }
+
+    /// The hot answer for agent `idx` (any agent of the world).
+    pub fn hot_for(w: &World, s: Scenario, idx: usize, q: Query) -> u64 {
+        let lineage = w.lineage(idx);
+        let Some(agent) = w.agents.get(idx) else {
             return 0;
         };
         answer(

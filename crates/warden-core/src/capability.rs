@@ -66,6 +66,20 @@ impl CapSet {
         set
     }
 
+    /// `self ∪ other`.
+    pub fn union(&self, other: &CapSet) -> CapSet {
+        let (long, short) = if self.words.len() >= other.words.len() {
+            (self, other)
+        } else {
+            (other, self)
+        };
+        let mut words = long.words.clone();
+        for (w, o) in words.iter_mut().zip(short.words.iter()) {
+            *w |= o;
+        }
+        CapSet { words }
+    }
+
     /// `self \ other`.
     pub fn difference(&self, other: &CapSet) -> CapSet {
         let words = self
@@ -127,6 +141,8 @@ mod tests {
         assert_eq!(a.intersection(&b), CapSet::from_indices([3, 200]));
         assert_eq!(a.difference(&b), CapSet::from_indices([0, 64]));
         assert!(a.intersection(&b).is_subset(&a));
+        assert_eq!(a.union(&b), CapSet::from_indices([0, 3, 7, 64, 200]));
+        assert_eq!(CapSet::new().union(&b), b);
         assert_eq!(a.iter().collect::<Vec<_>>(), vec![0, 3, 64, 200]);
     }
 

@@ -14,6 +14,24 @@
 //! (the block-write actions of delegation lockdown). Nodes live in a `Vec`
 //! and point at their parent by index, so a lineage walk is pointer chasing
 //! with no hashing.
+//!
+//! Ancestor questions never walk the lineage:
+//!
+//! - each node caches the union of what its lineage declares (`inherited`,
+//!   a [`CapSet`]: `declared(self) ∪ inherited(parent)`), so "does the agent
+//!   or an ancestor declare this action" ([`Hierarchy::lineage_declares`])
+//!   is one bit test;
+//! - every agent that has a child has its lineage stored root first in one
+//!   shared arena (`paths`), written once when its first child registers
+//!   (a copy of its parent's path plus itself, at most `max_depth` entries);
+//!   a node keeps the offset of its parent's path, so "is `a` a strict
+//!   ancestor of `b`" ([`Hierarchy::is_ancestor`]) is the one comparison
+//!   `path(parent(b))[depth(a)] == a`. Leaves store no path, so the arena
+//!   holds `depth + 1` entries per agent with children only.
+//!
+//! Revocation changes neither structure (ancestry and declarations stay;
+//! the status is checked beside them); [`Hierarchy::set_declared`]
+//! recomputes `inherited` with `effective` over the subtree.
 
 use std::collections::BTreeSet;
 
@@ -99,10 +117,21 @@ pub struct AgentNode {
     parent: Option<AgentIdx>,
     declared: BTreeSet<ActionName>,
     effective: CapSet,
+    /// What the agent and its ancestors declare (catalogue indices).
+    inherited: CapSet,
     depth: u32,
     status: AgentStatus,
     children: Vec<AgentIdx>,
+    /// Offset in `Hierarchy::paths` of its own lineage (root first), once
+    /// it has a child; `NO_PATH` before.
+    path: u32,
+    /// Offset in `Hierarchy::paths` of its parent's lineage (`NO_PATH` for
+    /// a root).
+    parent_path: u32,
 }
+
+/// No lineage stored (a leaf's own path, a root's parent path).
+const NO_PATH: u32 = u32::MAX;
 
 impl AgentNode {
     /// The agent's id.
@@ -120,6 +149,11 @@ impl AgentNode {
     /// Its cached effective capabilities.
     pub fn effective(&self) -> &CapSet {
         &self.effective
+    }
+    /// The actions it or an ancestor declares (catalogue indices; names the
+    /// catalogue does not know are not in it).
+    pub fn inherited(&self) -> &CapSet {
+        &self.inherited
     }
     /// 0 for a root, 1 for its children, ...
     pub fn depth(&self) -> u32 {
@@ -215,6 +249,8 @@ impl PreparedAgent {
 #[derive(Debug, Clone)]
 pub struct Hierarchy {
     nodes: Vec<AgentNode>,
+    /// The lineages (root first) of agents with children, end to end.
+    paths: Vec<AgentIdx>,
     by_id: HashMap<AgentId, AgentIdx>,
     environment: CapSet,
     non_root_forbidden: CapSet,
@@ -226,6 +262,7 @@ impl Hierarchy {
     pub fn new(environment: CapSet, non_root_forbidden: CapSet, limits: HierarchyLimits) -> Self {
         Self {
             nodes: Vec::new(),
+            paths: Vec::new(),
             by_id: HashMap::default(),
             environment,
             non_root_forbidden,
@@ -286,9 +323,28 @@ impl Hierarchy {
         }
     }
 
-    /// Whether `ancestor` is a strict ancestor of `idx`.
+    /// Whether `ancestor` is a strict ancestor of `idx`, in constant time
+    /// (one lookup in the parent's stored path).
+    #[inline]
     pub fn is_ancestor(&self, ancestor: AgentIdx, idx: AgentIdx) -> bool {
-        self.lineage(idx).skip(1).any(|(i, _)| i == ancestor)
+        let (Some(a), Some(n)) = (self.node(ancestor), self.node(idx)) else {
+            return false;
+        };
+        if a.depth >= n.depth || n.parent_path == NO_PATH {
+            return false;
+        }
+        let at = n.parent_path as usize + a.depth as usize;
+        self.paths.get(at) == Some(&ancestor)
+    }
+
+    /// Whether the agent is active and it or one of its ancestors declares
+    /// the action with catalogue index `action`: one bit test, whatever
+    /// the depth. (An active agent's ancestors are all active: revocation
+    /// covers descendants and a revoked parent takes no children.)
+    #[inline]
+    pub fn lineage_declares(&self, idx: AgentIdx, action: u16) -> bool {
+        self.node(idx)
+            .is_some_and(|n| n.is_active() && n.inherited.contains(action))
     }
 
     /// Whether `idx` holds the capability with action index `action`.
@@ -314,8 +370,13 @@ impl Hierarchy {
             return Err(HierarchyError::Full);
         }
         let declared_set = CapSet::from_indices(spec.capabilities.iter().filter_map(index_of));
-        let (parent, depth, effective) = match &spec.parent {
-            None => (None, 0, self.environment.intersection(&declared_set)),
+        let (parent, depth, effective, inherited) = match &spec.parent {
+            None => (
+                None,
+                0,
+                self.environment.intersection(&declared_set),
+                declared_set,
+            ),
             Some(parent_id) => {
                 let pidx = self.index_of(parent_id.as_str()).ok_or_else(|| {
                     HierarchyError::UnknownParent {
@@ -336,7 +397,8 @@ impl Hierarchy {
                     .effective
                     .intersection(&declared_set)
                     .difference(&self.non_root_forbidden);
-                (Some(pidx), pnode.depth + 1, effective)
+                let inherited = pnode.inherited.union(&declared_set);
+                (Some(pidx), pnode.depth + 1, effective, inherited)
             }
         };
         if depth + 1 > self.limits.max_depth {
@@ -352,9 +414,12 @@ impl Hierarchy {
                 parent,
                 declared: spec.capabilities.clone(),
                 effective,
+                inherited,
                 depth,
                 status: AgentStatus::Active,
                 children: Vec::new(),
+                path: NO_PATH,
+                parent_path: NO_PATH,
             },
         })
     }
@@ -362,12 +427,13 @@ impl Hierarchy {
     /// Insert a prepared agent. Must follow [`Hierarchy::prepare`] on the
     /// same, unchanged hierarchy.
     pub fn commit(&mut self, prepared: PreparedAgent) -> Result<AgentIdx, HierarchyError> {
-        let node = prepared.node;
+        let mut node = prepared.node;
         if self.by_id.contains_key(node.id.as_str()) {
             return Err(HierarchyError::DuplicateAgent(node.id));
         }
         let idx = AgentIdx(u32::try_from(self.nodes.len()).map_err(|_| HierarchyError::Full)?);
         if let Some(p) = node.parent {
+            node.parent_path = self.path_of(p, &node.id)?;
             match self.nodes.get_mut(p.get()) {
                 Some(parent) => parent.children.push(idx),
                 None => return Err(HierarchyError::UnknownAgent(node.id.to_string())),
@@ -376,6 +442,32 @@ impl Hierarchy {
         self.by_id.insert(node.id.clone(), idx);
         self.nodes.push(node);
         Ok(idx)
+    }
+
+    /// The offset of `p`'s lineage in `paths`, storing it first if `p` had
+    /// no child yet (its parent's path, then itself). `child` names the
+    /// agent being registered, for the error.
+    fn path_of(&mut self, p: AgentIdx, child: &AgentId) -> Result<u32, HierarchyError> {
+        let missing = || HierarchyError::UnknownAgent(child.to_string());
+        let parent = self.nodes.get(p.get()).ok_or_else(missing)?;
+        if parent.path != NO_PATH {
+            return Ok(parent.path);
+        }
+        let start = u32::try_from(self.paths.len()).map_err(|_| HierarchyError::Full)?;
+        let end = u64::from(start) + u64::from(parent.depth) + 1;
+        if end >= u64::from(NO_PATH) {
+            return Err(HierarchyError::Full);
+        }
+        if parent.parent_path != NO_PATH {
+            let from = parent.parent_path as usize;
+            let to = from + parent.depth as usize;
+            self.paths.extend_from_within(from..to);
+        }
+        self.paths.push(p);
+        if let Some(parent) = self.nodes.get_mut(p.get()) {
+            parent.path = start;
+        }
+        Ok(start)
     }
 
     /// Validate and insert in one step.
@@ -467,7 +559,7 @@ impl Hierarchy {
     }
 
     /// Replace an agent's declared capabilities and recompute the effective
-    /// sets of it and all its descendants.
+    /// and inherited sets of it and all its descendants.
     pub fn set_declared(
         &mut self,
         id: &str,
@@ -486,16 +578,20 @@ impl Hierarchy {
                 continue;
             };
             let declared = CapSet::from_indices(node.declared.iter().filter_map(index_of));
-            let effective = match node.parent.and_then(|p| self.nodes.get(p.get())) {
-                None => self.environment.intersection(&declared),
-                Some(parent) => parent
-                    .effective
-                    .intersection(&declared)
-                    .difference(&self.non_root_forbidden),
+            let (effective, inherited) = match node.parent.and_then(|p| self.nodes.get(p.get())) {
+                None => (self.environment.intersection(&declared), declared),
+                Some(parent) => (
+                    parent
+                        .effective
+                        .intersection(&declared)
+                        .difference(&self.non_root_forbidden),
+                    parent.inherited.union(&declared),
+                ),
             };
             let children = node.children.clone();
             if let Some(node) = self.nodes.get_mut(idx.get()) {
                 node.effective = effective;
+                node.inherited = inherited;
             }
             stack.extend(children);
         }
@@ -575,5 +671,194 @@ mod tests {
         assert_eq!(err.reason(), reasons::HIERARCHY_CYCLE);
         assert!(bulk.is_empty());
         assert_eq!(HierarchyError::Full.reason(), reasons::DEPTH_EXCEEDED);
+    }
+
+    mod ancestry {
+        //! The constant-time ancestor answers against the lineage walk, over
+        //! random forests and sequences of registrations, revocations and
+        //! declaration changes.
+
+        use super::*;
+        use proptest::prelude::*;
+
+        const ACTIONS: [&str; 5] = ["a.one", "a.two", "a.three", "a.four", "not.in.catalogue"];
+
+        fn index_of(a: &ActionName) -> Option<u16> {
+            // The last name is unknown to the catalogue: it grants nothing.
+            ACTIONS[..4]
+                .iter()
+                .position(|x| *x == a.as_str())
+                .and_then(|i| u16::try_from(i).ok())
+        }
+
+        fn caps(mask: u8) -> BTreeSet<ActionName> {
+            ACTIONS
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| mask & (1 << i) != 0)
+                .map(|(_, n)| ActionName::parse(n).unwrap())
+                .collect()
+        }
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            /// Register `a<next>` under the agent picked (or as a root).
+            Register(Option<prop::sample::Index>, u8),
+            Revoke(prop::sample::Index),
+            SetDeclared(prop::sample::Index, u8),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                6 => (prop::option::weighted(0.9, any::<prop::sample::Index>()), any::<u8>())
+                    .prop_map(|(p, m)| Op::Register(p, m)),
+                1 => any::<prop::sample::Index>().prop_map(Op::Revoke),
+                1 => (any::<prop::sample::Index>(), any::<u8>())
+                    .prop_map(|(i, m)| Op::SetDeclared(i, m)),
+            ]
+        }
+
+        /// The walk: `a` is met on `b`'s lineage above `b`.
+        fn walk_is_ancestor(h: &Hierarchy, a: AgentIdx, b: AgentIdx) -> bool {
+            h.lineage(b).skip(1).any(|(i, _)| i == a)
+        }
+
+        /// The walk: the agent is active and something on its lineage
+        /// declares the action by a name the catalogue knows.
+        fn walk_declares(h: &Hierarchy, idx: AgentIdx, action: u16) -> bool {
+            h.node(idx).is_some_and(|n| n.is_active())
+                && h.lineage(idx).any(|(_, n)| {
+                    n.declared()
+                        .iter()
+                        .any(|d| index_of(d) == Some(action))
+                })
+        }
+
+        fn check(h: &Hierarchy) -> Result<(), TestCaseError> {
+            let all: Vec<AgentIdx> = h.iter().map(|(i, _)| i).collect();
+            for &b in &all {
+                for &a in &all {
+                    prop_assert_eq!(
+                        h.is_ancestor(a, b),
+                        walk_is_ancestor(h, a, b),
+                        "is_ancestor({:?}, {:?})",
+                        a,
+                        b
+                    );
+                }
+                for action in 0..5u16 {
+                    prop_assert_eq!(
+                        h.lineage_declares(b, action),
+                        walk_declares(h, b, action),
+                        "lineage_declares({:?}, {})",
+                        b,
+                        action
+                    );
+                }
+                // Nothing out of range is anybody's ancestor.
+                prop_assert!(!h.is_ancestor(AgentIdx(u32::MAX - 1), b));
+                prop_assert!(!h.is_ancestor(b, AgentIdx(u32::MAX - 1)));
+            }
+            Ok(())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+            #[test]
+            fn constant_time_answers_equal_the_walk(
+                ops in prop::collection::vec(op(), 1..60),
+                max_depth in 2u32..8,
+            ) {
+                let mut h = Hierarchy::new(
+                    CapSet::from_indices([0, 1, 2]),
+                    CapSet::new(),
+                    HierarchyLimits { max_depth },
+                );
+                let mut next = 0usize;
+                for op in ops {
+                    let ids: Vec<AgentId> = h.iter().map(|(_, n)| n.id().clone()).collect();
+                    match op {
+                        Op::Register(parent, mask) => {
+                            let parent = match parent {
+                                Some(p) if !ids.is_empty() => Some(ids[p.index(ids.len())].clone()),
+                                _ => None,
+                            };
+                            let spec = AgentSpec {
+                                id: AgentId::parse(&format!("a{next}")).unwrap(),
+                                parent,
+                                capabilities: caps(mask),
+                            };
+                            next += 1;
+                            let before = h.len();
+                            // Refusals (too deep, revoked parent) change nothing.
+                            if h.register(&spec, &index_of).is_err() {
+                                prop_assert_eq!(h.len(), before);
+                            }
+                        }
+                        Op::Revoke(i) if !ids.is_empty() => {
+                            h.revoke(ids[i.index(ids.len())].as_str()).unwrap();
+                        }
+                        Op::SetDeclared(i, mask) if !ids.is_empty() => {
+                            h.set_declared(ids[i.index(ids.len())].as_str(), caps(mask), &index_of)
+                                .unwrap();
+                        }
+                        Op::Revoke(_) | Op::SetDeclared(..) => {}
+                    }
+                    check(&h)?;
+                }
+            }
+
+            /// A bulk load in any order answers like the same agents
+            /// registered one by one.
+            #[test]
+            fn bulk_loads_answer_like_the_walk(
+                parents in prop::collection::vec((any::<prop::sample::Index>(), any::<bool>(), any::<u8>()), 1..40),
+                shuffle in any::<prop::sample::Index>(),
+            ) {
+                let mut specs: Vec<AgentSpec> = parents
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (p, root, mask))| AgentSpec {
+                        id: AgentId::parse(&format!("a{i}")).unwrap(),
+                        parent: (i > 0 && !root)
+                            .then(|| AgentId::parse(&format!("a{}", p.index(i))).unwrap()),
+                        capabilities: caps(*mask),
+                    })
+                    .collect();
+                let k = shuffle.index(specs.len());
+                specs.rotate_left(k);
+                let mut h = Hierarchy::new(CapSet::from_indices([0, 1, 2, 3]), CapSet::new(), HierarchyLimits::default());
+                h.register_all(&specs, &index_of).unwrap();
+                check(&h)?;
+            }
+        }
+
+        #[test]
+        fn a_deep_chain_answers_at_every_depth() {
+            let mut h = Hierarchy::new(CapSet::new(), CapSet::new(), HierarchyLimits::default());
+            let mut parent = None;
+            for i in 0..64 {
+                let spec = AgentSpec {
+                    id: AgentId::parse(&format!("c{i}")).unwrap(),
+                    parent: parent.clone(),
+                    capabilities: if i == 0 { caps(1) } else { BTreeSet::new() },
+                };
+                h.register(&spec, &index_of).unwrap();
+                parent = Some(spec.id);
+            }
+            let leaf = h.index_of("c63").unwrap();
+            let root = h.index_of("c0").unwrap();
+            assert!(h.is_ancestor(root, leaf));
+            assert!(!h.is_ancestor(leaf, root));
+            assert!(!h.is_ancestor(leaf, leaf));
+            assert!(h.lineage_declares(leaf, 0));
+            assert!(!h.lineage_declares(leaf, 1));
+            h.revoke("c40").unwrap();
+            assert!(!h.lineage_declares(leaf, 0), "a revoked agent declares nothing");
+            assert!(h.is_ancestor(root, leaf), "revocation keeps ancestry");
+            // 63 agents with a child store 1 + 2 + ... + 63 entries.
+            assert_eq!(h.paths.len(), 63 * 64 / 2);
+        }
     }
 }

@@ -22,6 +22,8 @@
 
 use std::collections::HashSet;
 
+use foldhash::fast::RandomState;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -157,7 +159,9 @@ pub fn admit_with_bound(
 ) -> Preflight {
     let node = actor_node(ctx, actor);
     let agent_failure = agent_failure(node);
-    let mut seen: HashSet<&str> = HashSet::with_capacity(sop.steps.len());
+    // Step ids are short and hashed once each: foldhash, not SipHash.
+    let mut seen: HashSet<&str, RandomState> =
+        HashSet::with_capacity_and_hasher(sop.steps.len(), RandomState::default());
     let mut found: Vec<Vec<Reason>> = sop
         .steps
         .iter()
@@ -390,7 +394,7 @@ fn step_check(
     resource.push_str(step_id);
     StepCheck {
         step_id: step_id.to_owned(),
-        action: step.action.to_string(),
+        action: step.action.as_str().to_owned(),
         decision: Decision {
             verdict,
             reason,
