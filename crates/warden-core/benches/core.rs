@@ -1,5 +1,6 @@
-//! Hot in-process decisions: capability check, nearest-visible resolve by
-//! depth and record count, and whole-SOP preflight by length.
+//! Hot in-process decisions: capability check, ancestor questions by depth
+//! (against the lineage walk), nearest-visible resolve by depth and record
+//! count, and whole-SOP preflight by length.
 //!
 //! `cargo bench -p warden-core --bench core`
 #![allow(
@@ -11,7 +12,7 @@
 
 use std::hint::black_box;
 
-use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
 use serde_json::json;
 use warden_core::bundle::{Policy, compile};
 use warden_core::hierarchy::{AgentIdx, AgentSpec, Hierarchy};
@@ -119,6 +120,85 @@ fn capability(c: &mut Criterion) {
     g.finish();
 }
 
+/// A chain of `depth` agents where only the root declares `artifact.save`
+/// (the others declare `memory.read`), plus 1,000 agents under the root:
+/// "does the leaf or an ancestor declare `artifact.save`" must reach the
+/// root.
+fn declaring_chain(p: &Policy, depth: usize) -> (Hierarchy, AgentIdx) {
+    let mut h = p.empty_hierarchy();
+    let index_of = |a: &ActionName| p.action_index(a);
+    let mut last = None;
+    for i in 0..depth {
+        let action = if i == 0 {
+            "artifact.save"
+        } else {
+            "memory.read"
+        };
+        let spec = AgentSpec {
+            id: AgentId::parse(&format!("c{i}")).unwrap(),
+            parent: (i > 0).then(|| AgentId::parse(&format!("c{}", i - 1)).unwrap()),
+            capabilities: [ActionName::parse(action).unwrap()].into(),
+        };
+        last = Some(h.register(&spec, &index_of).unwrap());
+    }
+    for i in 0..1_000 {
+        h.register(&spec(format!("f{i}"), Some("c0".into())), &index_of)
+            .unwrap();
+    }
+    (h, last.unwrap())
+}
+
+fn ancestry(c: &mut Criterion) {
+    let p = policy();
+    let action = p.catalogue.index_of("artifact.save").unwrap().get();
+    let mut g = c.benchmark_group("ancestry");
+    for depth in [3usize, 32, 64] {
+        let (h, leaf) = declaring_chain(&p, depth);
+        let root = h.index_of("c0").unwrap();
+        assert!(h.lineage_declares(leaf, action));
+        assert!(h.is_ancestor(root, leaf));
+        g.bench_with_input(BenchmarkId::new("walk", depth), &depth, |b, _| {
+            b.iter(|| {
+                black_box(
+                    h.lineage(black_box(leaf))
+                        .any(|(_, n)| n.is_active() && n.declared().contains("artifact.save")),
+                )
+            })
+        });
+        g.bench_with_input(
+            BenchmarkId::new("lineage_declares", depth),
+            &depth,
+            |b, _| b.iter(|| black_box(h.lineage_declares(black_box(leaf), black_box(action)))),
+        );
+        g.bench_with_input(BenchmarkId::new("is_ancestor", depth), &depth, |b, _| {
+            b.iter(|| black_box(h.is_ancestor(black_box(root), black_box(leaf))))
+        });
+        // Churn: register a new leaf under the deepest agent, then ask.
+        let parent = h.node(leaf).unwrap().id().clone();
+        let index_of = |a: &ActionName| p.action_index(a);
+        let mut hc = h.clone();
+        let mut n = 0u64;
+        g.bench_with_input(
+            BenchmarkId::new("register_then_ask", depth),
+            &depth,
+            |b, _| {
+                b.iter_batched(
+                    || {
+                        n += 1;
+                        spec(format!("new{n}"), Some(parent.to_string()))
+                    },
+                    |s| {
+                        let idx = hc.register(&s, &index_of).unwrap();
+                        black_box(hc.lineage_declares(idx, action))
+                    },
+                    BatchSize::SmallInput,
+                )
+            },
+        );
+    }
+    g.finish();
+}
+
 fn resolve_depth(c: &mut Criterion) {
     let p = policy();
     let mut g = c.benchmark_group("resolve");
@@ -207,5 +287,5 @@ fn preflight_len(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, capability, resolve_depth, preflight_len);
+criterion_group!(benches, capability, ancestry, resolve_depth, preflight_len);
 criterion_main!(benches);

@@ -727,11 +727,8 @@ mod tests {
         /// declares the action by a name the catalogue knows.
         fn walk_declares(h: &Hierarchy, idx: AgentIdx, action: u16) -> bool {
             h.node(idx).is_some_and(|n| n.is_active())
-                && h.lineage(idx).any(|(_, n)| {
-                    n.declared()
-                        .iter()
-                        .any(|d| index_of(d) == Some(action))
-                })
+                && h.lineage(idx)
+                    .any(|(_, n)| n.declared().iter().any(|d| index_of(d) == Some(action)))
         }
 
         fn check(h: &Hierarchy) -> Result<(), TestCaseError> {
@@ -855,7 +852,10 @@ mod tests {
             assert!(h.lineage_declares(leaf, 0));
             assert!(!h.lineage_declares(leaf, 1));
             h.revoke("c40").unwrap();
-            assert!(!h.lineage_declares(leaf, 0), "a revoked agent declares nothing");
+            assert!(
+                !h.lineage_declares(leaf, 0),
+                "a revoked agent declares nothing"
+            );
             assert!(h.is_ancestor(root, leaf), "revocation keeps ancestry");
             // 63 agents with a child store 1 + 2 + ... + 63 entries.
             assert_eq!(h.paths.len(), 63 * 64 / 2);
