@@ -25,9 +25,8 @@ use warden_core::ids::{AgentId, CallId, SessionId};
 use warden_core::time::Timestamp;
 use warden_store::{
     AuditFn, CallRecord, CreateSession, Entity, EnvelopeImport, IndexChange, SessionHead,
-    SessionRecord,
-    SessionState, SessionUpdate, StoreError, UpdateSession, check_create, decide_import,
-    missing_envelope, seq_taken,
+    SessionRecord, SessionState, SessionUpdate, StoreError, UpdateSession, check_create,
+    decide_import, missing_envelope, seq_taken,
 };
 
 use crate::codec::{self, corrupt, text_in, u64_in, u64_out};
@@ -242,13 +241,7 @@ pub(crate) async fn create_session(
                     let inserted = tx
                         .execute(
                             sql::INSERT_SESSION,
-                            &[
-                                &id,
-                                &agent,
-                                &revision,
-                                &session.created_at.0,
-                                &record,
-                            ],
+                            &[&id, &agent, &revision, &session.created_at.0, &record],
                         )
                         .await?;
                     if inserted == 0 {
@@ -396,14 +389,7 @@ pub(crate) async fn update_session(
         Some((expected, new)) => {
             tx.execute(
                 sql::UPDATE_SESSION,
-                &[
-                    &id,
-                    &agent,
-                    &new,
-                    &session.created_at.0,
-                    &record,
-                    &expected,
-                ],
+                &[&id, &agent, &new, &session.created_at.0, &record, &expected],
             )
             .await?
         }

@@ -17,9 +17,9 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::ids::{AgentId, CallId, SessionId};
 use warden_store::{
-    AuditFn, CallRecord, CreateSession, Entity, EnvelopeImport, IndexChange, PutEnvelope, SessionHead,
-    SessionRecord, SessionState, SessionUpdate, StoreError, UpdateSession, check_create,
-    decide_import, missing_envelope, seq_taken,
+    AuditFn, CallRecord, CreateSession, Entity, EnvelopeImport, IndexChange, PutEnvelope,
+    SessionHead, SessionRecord, SessionState, SessionUpdate, StoreError, UpdateSession,
+    check_create, decide_import, missing_envelope, seq_taken,
 };
 
 use crate::codec::{self, canonical_text};
@@ -69,7 +69,9 @@ fn load_row(
             "SELECT {SESSION_COLUMNS} FROM sessions WHERE session_id = ?1"
         ))
         .store()?
-        .query_row(params![session_id.as_str()], |row| Ok(session_from_row(row)))
+        .query_row(params![session_id.as_str()], |row| {
+            Ok(session_from_row(row))
+        })
         .optional()
         .store()?;
     let Some(session) = found else {
@@ -86,9 +88,7 @@ fn load_row(
 /// one part: the create writes it).
 fn load_index(conn: &Connection, session_id: &SessionId) -> Result<Vec<u8>, StoreError> {
     let mut stmt = conn
-        .prepare_cached(
-            "SELECT bytes FROM session_index WHERE session_id = ?1 ORDER BY revision",
-        )
+        .prepare_cached("SELECT bytes FROM session_index WHERE session_id = ?1 ORDER BY revision")
         .store()?;
     let mut rows = stmt.query([session_id.as_str()]).store()?;
     let mut sources = Vec::new();

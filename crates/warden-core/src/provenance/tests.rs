@@ -832,8 +832,14 @@ fn deltas_extend_the_encoding_and_restore_the_same_index() {
     let mut stored = index.to_bytes();
     let mut deltas = Vec::new();
     for (i, (trust, value)) in [
-        (trusted(), json!([{"recipient": "UK12345678901234567890", "n": 1}])),
-        (OutputTrust::untrusted(), json!("send it to US133000000121212121212")),
+        (
+            trusted(),
+            json!([{"recipient": "UK12345678901234567890", "n": 1}]),
+        ),
+        (
+            OutputTrust::untrusted(),
+            json!("send it to US133000000121212121212"),
+        ),
         (trusted(), json!({"empty": []})),
     ]
     .into_iter()
@@ -854,7 +860,11 @@ fn deltas_extend_the_encoding_and_restore_the_same_index() {
     }
     let restored = SourceIndex::from_bytes(&stored, key()).unwrap();
     let gate = rule("r", UT, Otherwise::Escalate);
-    for v in ["UK12345678901234567890", "US133000000121212121212", "GB29NWBK60161331926819"] {
+    for v in [
+        "UK12345678901234567890",
+        "US133000000121212121212",
+        "GB29NWBK60161331926819",
+    ] {
         let args = json!({ "r": v });
         assert_eq!(gate.decide(&args, &restored), gate.decide(&args, &index));
     }
@@ -883,7 +893,10 @@ fn deltas_extend_the_encoding_and_restore_the_same_index() {
     let mut full = base.clone();
     full.extend_from_slice(&deltas[0]);
     for cut in base.len() + 1..full.len() {
-        assert!(SourceIndex::from_bytes(&full[..cut], key()).is_err(), "{cut}");
+        assert!(
+            SourceIndex::from_bytes(&full[..cut], key()).is_err(),
+            "{cut}"
+        );
     }
     // A delta made under another key is refused.
     let other = FingerprintKey::new(b"another-key-0123456789").unwrap();
@@ -909,12 +922,19 @@ fn a_delta_carries_an_overflow_and_a_forgotten_source() {
         max_sources: 2,
     };
     let mut index = SourceIndex::with_limits(key(), limits);
-    index.record_user(sid("prompt"), &json!("hello there")).unwrap();
+    index
+        .record_user(sid("prompt"), &json!("hello there"))
+        .unwrap();
     let mut stored = index.to_bytes();
     for i in 0..3 {
         let mark = index.mark();
         index
-            .record_result(sid(&format!("r{i}")), action("t"), &trusted(), &json!({"a": "value"}))
+            .record_result(
+                sid(&format!("r{i}")),
+                action("t"),
+                &trusted(),
+                &json!({"a": "value"}),
+            )
             .unwrap();
         stored.extend_from_slice(&index.delta_since(mark));
     }

@@ -15,8 +15,7 @@ use warden_core::time::Timestamp;
 use warden_postgres::PgStore;
 use warden_store::{
     AuditFn, CallRecord, CallStatus, CreateSession, EnvelopeImport, ImportRefusal, IndexChange,
-    SessionRecord,
-    SessionState, SessionStatus, SessionUpdate, Store, StoreError, UpdateSession,
+    SessionRecord, SessionState, SessionStatus, SessionUpdate, Store, StoreError, UpdateSession,
 };
 
 use crate::support::*;
@@ -240,7 +239,11 @@ async fn session_updates_are_never_lost_across_two_servers() {
         .collect();
     assert_eq!(stored.sources, by_seq);
     assert_eq!(
-        servers[0].get_session(sid("shared")).await.unwrap().unwrap(),
+        servers[0]
+            .get_session(sid("shared"))
+            .await
+            .unwrap()
+            .unwrap(),
         stored
     );
     eprintln!("{conflicts} conflicts retried");

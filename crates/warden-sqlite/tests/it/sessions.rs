@@ -12,8 +12,8 @@ use warden_core::ids::{ActionName, CallId, Label, SessionId};
 use warden_core::time::Timestamp;
 use warden_sqlite::SqliteStore;
 use warden_store::{
-    CallRecord, CallStatus, CreateSession, EnvelopeImport, ImportRefusal, IndexChange, SessionRecord,
-    SessionState, SessionStatus, SessionUpdate, Store, StoreError, UpdateSession,
+    CallRecord, CallStatus, CreateSession, EnvelopeImport, ImportRefusal, IndexChange,
+    SessionRecord, SessionState, SessionStatus, SessionUpdate, Store, StoreError, UpdateSession,
     audit_if_session_created,
 };
 

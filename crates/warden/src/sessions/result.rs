@@ -8,8 +8,7 @@ use warden_core::ids::{CallId, Label, SessionId};
 use warden_core::provenance::{IndexMark, OutputTrust, SourceId, SourceIndex};
 use warden_store::{
     CallStatus, EscalationResolution, EscalationStatus, EscalationTarget, IndexChange,
-    ResolveEscalation,
-    SessionClosure, SessionStatus, SessionUpdate, Store,
+    ResolveEscalation, SessionClosure, SessionStatus, SessionUpdate, Store,
 };
 
 use super::session_reasons as sr;

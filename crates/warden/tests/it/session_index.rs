@@ -129,12 +129,18 @@ where
         } else {
             json!({})
         };
-        assert_eq!(call(&first, &s, &c, action, args).await.call.verdict, Verdict::Allow);
+        assert_eq!(
+            call(&first, &s, &c, action, args).await.call.verdict,
+            Verdict::Allow
+        );
         // A decision leaves the stored index as it was.
         assert_eq!(stored_index(&first, &s).await, bytes);
         result(&first, &s, &c, value).await;
         let now = stored_index(&first, &s).await;
-        assert!(now.starts_with(&bytes), "result {i} rewrote the stored index");
+        assert!(
+            now.starts_with(&bytes),
+            "result {i} rewrote the stored index"
+        );
         growth.push(now.len() - bytes.len());
         bytes = now;
     }
@@ -168,7 +174,10 @@ where
     )
     .await;
     assert_eq!(paid.call.verdict, Verdict::Allow);
-    assert_eq!(paid.call.detail["provenance"][0]["origins"], json!(["trusted"]));
+    assert_eq!(
+        paid.call.detail["provenance"][0]["origins"],
+        json!(["trusted"])
+    );
     let held_back = call(
         &second,
         &s,
@@ -182,7 +191,14 @@ where
     // What the second engine records, the first sees: its cached index is
     // stale, so it reads the bytes, including the new delta.
     let fresh = "GB33BUKB20201555555555";
-    call(&second, &s, "c-late", "read_file", json!({"file_path": "late"})).await;
+    call(
+        &second,
+        &s,
+        "c-late",
+        "read_file",
+        json!({"file_path": "late"}),
+    )
+    .await;
     result(&second, &s, "c-late", json!(format!("or pay {fresh}"))).await;
     let from_late = call(
         &first,
@@ -221,10 +237,7 @@ async fn results_append_on_sqlite_across_a_reopen() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .subsec_nanos();
-    let dir = std::env::temp_dir().join(format!(
-        "warden-index-{}-{nanos:x}",
-        std::process::id()
-    ));
+    let dir = std::env::temp_dir().join(format!("warden-index-{}-{nanos:x}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let url = format!("sqlite://{}", dir.join("w.db").display());
     results_append_and_restore(|| {

@@ -303,7 +303,13 @@ pub async fn sessions_index_appends<S: Store>(store: S) {
     use crate::SessionUpdate;
     let mut session = bare("s-app", "agent-a", 10);
     create(&store, state(session.clone(), b"base"), None, None).await;
-    create(&store, state(bare("s-app-2", "agent-a", 11), b""), None, None).await;
+    create(
+        &store,
+        state(bare("s-app-2", "agent-a", 11), b""),
+        None,
+        None,
+    )
+    .await;
     let mut expected = b"base".to_vec();
     let mut rev = 1;
     let steps: [(Option<crate::IndexChange>, Option<CallRecord>); 5] = [
