@@ -6,21 +6,26 @@
 - through ``warden serve``'s ``/mcp`` (streamable HTTP on loopback; the call
   decided by the session gate, forwarded to the upstream over stdio, its
   result recorded),
+- through ``warden mcp`` (the stdio entry point, relaying each message to
+  that ``/mcp``),
 
 each by two clients: the official SDK's client (``sdk``), and a minimal
 client (``raw``: JSON-RPC lines on stdio, one keep-alive HTTP connection
 reading the SSE answer), so the clients' own cost is visible. The gateway's
-overhead is the ``/mcp`` row minus the direct stdio row of the same client.
+overhead is a Warden row minus the direct stdio row of the same client.
 Warden's own share is also read from its log (``warden_mcp::timing`` at
 debug): per call, the time to decide it, the upstream round trip and the
 time to record its result.
 
     target/mcp-venv/bin/python tests/mcp/bench_overhead.py [--calls N] [--warden BIN]
-        [--database URL]
+        [--database URL] [--runs R]
 
 Use a release binary (``cargo build --release -p warden-cli``) for numbers.
-``--database`` defaults to ``memory://``; ``sqlite://PATH`` measures the
-durable store with the settings ``warden serve`` uses.
+``--database`` defaults to ``memory://``; ``sqlite://TMP/warden.db``
+measures the durable store with the settings ``warden serve`` uses (``TMP``
+is the run's temporary directory). With ``--runs R`` the whole set is
+measured R times, each with a fresh server, and the medians over the runs
+are printed after the runs.
 """
 
 from __future__ import annotations
@@ -86,15 +91,15 @@ async def sdk_timed(session, tool, n):
     return out
 
 
-async def sdk_stdio(n, env):
-    params = StdioServerParameters(command=sys.executable, args=[str(HERE / "mail_server.py")],
-                                   env=env)
+async def sdk_stdio(n, env, argv=None, tool="read_inbox"):
+    argv = argv or [sys.executable, str(HERE / "mail_server.py")]
+    params = StdioServerParameters(command=argv[0], args=argv[1:], env=env)
     with open(os.devnull, "w") as quiet:
         async with stdio_client(params, errlog=quiet) as (r, w):
             async with ClientSession(r, w) as s:
                 await s.initialize()
-                await sdk_timed(s, "read_inbox", WARMUP)
-                return await sdk_timed(s, "read_inbox", n)
+                await sdk_timed(s, tool, WARMUP)
+                return await sdk_timed(s, tool, n)
 
 
 async def sdk_http(n, url, tool, token=None):
@@ -120,8 +125,8 @@ def call(i, tool):
             "params": {"name": tool, "arguments": {}}}
 
 
-def raw_stdio(n, env):
-    p = subprocess.Popen([sys.executable, str(HERE / "mail_server.py")], env=env,
+def raw_stdio(n, env, argv=None, tool="read_inbox"):
+    p = subprocess.Popen(argv or [sys.executable, str(HERE / "mail_server.py")], env=env,
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL, bufsize=0)
 
@@ -140,7 +145,7 @@ def raw_stdio(n, env):
         out = []
         for i in range(1, WARMUP + n + 1):
             t = time.perf_counter()
-            r = rpc(call(i, "read_inbox"))
+            r = rpc(call(i, tool))
             out.append(time.perf_counter() - t)
             assert not r["result"].get("isError"), r
         return out[WARMUP:]
@@ -225,13 +230,16 @@ def http_upstream(env):
 
 TIMING = re.compile(r"gate_us=(\d+) upstream_us=(\d+) record_us=(\d+)")
 
+ROWS = ("sdk  direct stdio", "raw  direct stdio", "sdk  direct streamable HTTP",
+        "raw  direct streamable HTTP", "sdk  through warden /mcp", "raw  through warden /mcp",
+        "sdk  through warden mcp (stdio)", "raw  through warden mcp (stdio)")
+SHARES = ("decide (session gate, stored)", "upstream round trip (stdio)",
+          "record the result (stored)")
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--calls", type=int, default=1000)
-    ap.add_argument("--warden", default=str(REPO / "target" / "release" / "warden"))
-    ap.add_argument("--database", default="memory://")
-    args = ap.parse_args()
+
+def one_run(args):
+    """One interleaved set of rows against a fresh server: the samples per
+    row, and Warden's own timings (gate, upstream, record) per call."""
     n = args.calls
     rows = {}
     with tempfile.TemporaryDirectory() as d:
@@ -261,15 +269,18 @@ def main():
             assert base, "server did not start"
             token = WardenClient(base, op).issue_token("bench")["token"]
             mcp_url = base + "/mcp"
+            bridge = [args.warden, "mcp", "--url", base]
+            bridge_env = {"WARDEN_TOKEN": token, "PATH": os.environ.get("PATH", "")}
             # Interleaved, so drifting load touches every row alike.
-            rows["sdk  direct stdio"] = asyncio.run(sdk_stdio(n, env))
-            rows["raw  direct stdio"] = raw_stdio(n, env)
-            rows["sdk  direct streamable HTTP"] = asyncio.run(sdk_http(n, upstream_url, "read_inbox"))
-            rows["raw  direct streamable HTTP"] = raw_http(n, upstream_url, "read_inbox")
+            rows[ROWS[0]] = asyncio.run(sdk_stdio(n, env))
+            rows[ROWS[1]] = raw_stdio(n, env)
+            rows[ROWS[2]] = asyncio.run(sdk_http(n, upstream_url, "read_inbox"))
+            rows[ROWS[3]] = raw_http(n, upstream_url, "read_inbox")
             before = len(TIMING.findall(err_path.read_text()))
-            rows["sdk  through warden /mcp"] = asyncio.run(
-                sdk_http(n, mcp_url, "mail.read_inbox", token))
-            rows["raw  through warden /mcp"] = raw_http(n, mcp_url, "mail.read_inbox", token)
+            rows[ROWS[4]] = asyncio.run(sdk_http(n, mcp_url, "mail.read_inbox", token))
+            rows[ROWS[5]] = raw_http(n, mcp_url, "mail.read_inbox", token)
+            rows[ROWS[6]] = asyncio.run(sdk_stdio(n, bridge_env, bridge, "mail.read_inbox"))
+            rows[ROWS[7]] = raw_stdio(n, bridge_env, bridge, "mail.read_inbox")
         finally:
             upstream.kill()
             upstream.wait(timeout=30)
@@ -279,23 +290,68 @@ def main():
         timings = TIMING.findall(text)[before:]
         if not timings:
             print("no timings in the server's log; its end:\n" + text[-2000:])
-    ms = lambda s: s * 1000  # noqa: E731
-    load = os.getloadavg()
-    print(f"calls per row: {n} (after {WARMUP} warm-up calls); store {args.database}; "
-          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {os.cpu_count()} cpus")
+    return rows, timings
+
+
+def ms(s):
+    return s * 1000
+
+
+def median(xs):
+    s = sorted(xs)
+    m = len(s) // 2
+    return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2
+
+
+def summarise(rows, timings):
+    """p50 and p99 (ms) per row, per overhead and per share of Warden's."""
+    out = {}
     for name, s in rows.items():
-        print(f"{name:30} p50 {ms(pct(s, 50)):7.3f} ms   p99 {ms(pct(s, 99)):7.3f} ms")
+        out[name] = (ms(pct(s, 50)), ms(pct(s, 99)))
     for client in ("sdk", "raw"):
-        g = rows[f"{client}  through warden /mcp"]
-        dr = rows[f"{client}  direct stdio"]
-        print(f"{client}  overhead (/mcp - direct stdio)   p50 {ms(pct(g, 50) - pct(dr, 50)):7.3f} ms"
-              f"   p99 {ms(pct(g, 99) - pct(dr, 99)):7.3f} ms")
-    if timings:
-        for i, name in enumerate(("decide (session gate, stored)", "upstream round trip (stdio)",
-                                  "record the result (stored)")):
-            us = [int(t[i]) for t in timings]
-            print(f"warden: {name:32} p50 {pct(us, 50) / 1000:7.3f} ms   "
-                  f"p99 {pct(us, 99) / 1000:7.3f} ms   ({len(us)} calls)")
+        direct = out[f"{client}  direct stdio"]
+        for via in ("/mcp", "mcp (stdio)"):
+            g = out[f"{client}  through warden {via}"]
+            out[f"{client}  overhead (warden {via} - direct stdio)"] = (
+                g[0] - direct[0], g[1] - direct[1])
+    for i, name in enumerate(SHARES):
+        us = [int(t[i]) for t in timings]
+        if us:
+            out[f"warden: {name}"] = (pct(us, 50) / 1000, pct(us, 99) / 1000)
+    return out
+
+
+def show(summary):
+    for name, (p50, p99) in summary.items():
+        print(f"{name:48} p50 {p50:7.3f} ms   p99 {p99:7.3f} ms")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=1000)
+    ap.add_argument("--warden", default=str(REPO / "target" / "release" / "warden"))
+    ap.add_argument("--database", default="memory://")
+    ap.add_argument("--runs", type=int, default=1)
+    args = ap.parse_args()
+    summaries = []
+    loads = []
+    for run in range(args.runs):
+        rows, timings = one_run(args)
+        load = os.getloadavg()
+        loads.append(load[0])
+        print(f"run {run + 1}/{args.runs}: calls per row: {args.calls} (after {WARMUP} warm-up "
+              f"calls); store {args.database}; load average {load[0]:.2f} {load[1]:.2f} "
+              f"{load[2]:.2f}; {os.cpu_count()} cpus; {len(timings)} calls timed by warden")
+        summary = summarise(rows, timings)
+        show(summary)
+        summaries.append(summary)
+        sys.stdout.flush()
+    if args.runs > 1:
+        print(f"median of {args.runs} runs (1-minute load averages "
+              f"{', '.join(f'{x:.2f}' for x in loads)}):")
+        show({name: (median([s[name][0] for s in summaries]),
+                     median([s[name][1] for s in summaries]))
+              for name in summaries[0] if all(name in s for s in summaries)})
 
 
 if __name__ == "__main__":

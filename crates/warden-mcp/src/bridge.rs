@@ -6,8 +6,8 @@
 //! Each line on stdin is one JSON-RPC message, posted to `/mcp` with
 //! `Authorization: Bearer TOKEN`, the MCP session id the server gave at
 //! `initialize`, and `Warden-Session` when one is named. Every message of
-//! the answer (a JSON body, or the events of an SSE stream) is written to
-//! stdout as one line. `initialize` is relayed before the next line is
+//! the answer (a JSON body, or the events of an SSE stream, each as soon as
+//! it ends, not when the stream closes) is written to stdout as one line. `initialize` is relayed before the next line is
 //! read (later messages need its session id); other requests are relayed
 //! concurrently, so a call held for review does not block the rest. An
 //! HTTP refusal (bad token: 401; the operator's token: 403) is answered
@@ -59,6 +59,24 @@ struct Relay {
     /// `Mcp-Session-Id` and `Mcp-Protocol-Version` once initialized.
     mcp_session: Mutex<(Option<String>, Option<String>)>,
     out: mpsc::UnboundedSender<String>,
+}
+
+/// Take the complete events (each ended by a blank line) off the front
+/// of `pending`, leaving the start of an unfinished one.
+fn take_events(pending: &mut Vec<u8>) -> Vec<u8> {
+    let mut end = 0;
+    let mut line_start = 0;
+    for (i, b) in pending.iter().enumerate() {
+        if *b == b'\n' {
+            let line = pending.get(line_start..i).unwrap_or_default();
+            if line.is_empty() || line == b"\r" {
+                end = i + 1;
+            }
+            line_start = i + 1;
+        }
+    }
+    let rest = pending.split_off(end);
+    std::mem::replace(pending, rest)
 }
 
 /// The events' `data` of an SSE text, one message per event.
@@ -148,6 +166,16 @@ impl Relay {
             .get("content-type")
             .and_then(|v| v.to_str().ok())
             .is_some_and(|c| c.starts_with("text/event-stream"));
+        if is_sse && status.is_success() && status != StatusCode::ACCEPTED {
+            self.relay_events(
+                response.into_body(),
+                id.as_ref(),
+                is_initialize,
+                new_session,
+            )
+            .await;
+            return;
+        }
         let body = match response.into_body().collect().await {
             Ok(b) => b.to_bytes(),
             Err(e) => {
@@ -168,15 +196,69 @@ impl Relay {
             }
             return;
         }
-        let messages = if status == StatusCode::ACCEPTED {
-            Vec::new()
-        } else if is_sse {
-            sse_messages(&text)
-        } else if text.trim().is_empty() {
+        let messages = if status == StatusCode::ACCEPTED || text.trim().is_empty() {
             Vec::new()
         } else {
             vec![text.trim().to_owned()]
         };
+        self.deliver(messages, is_initialize, new_session).await;
+    }
+
+    /// Relay the events of an SSE answer as each one ends (the stream
+    /// itself may close later): the client sees its answer as soon as the
+    /// server sent it.
+    async fn relay_events(
+        &self,
+        mut body: hyper::body::Incoming,
+        id: Option<&Value>,
+        is_initialize: bool,
+        new_session: Option<String>,
+    ) {
+        let mut pending: Vec<u8> = Vec::new();
+        let mut messages = Vec::new();
+        let mut answered = false;
+        loop {
+            match body.frame().await {
+                None => break,
+                Some(Ok(frame)) => {
+                    let Some(data) = frame.data_ref() else {
+                        continue;
+                    };
+                    pending.extend_from_slice(data);
+                    let complete = take_events(&mut pending);
+                    if complete.is_empty() {
+                        continue;
+                    }
+                    let events = sse_messages(&String::from_utf8_lossy(&complete));
+                    if is_initialize {
+                        messages.extend(events);
+                    } else {
+                        answered |= !events.is_empty();
+                        self.send_lines(events);
+                    }
+                }
+                Some(Err(e)) => {
+                    // A stream cut after its answer went out is not that
+                    // request's error.
+                    if let Some(id) = id.filter(|_| !answered) {
+                        self.error_reply(id, format!("warden: answer cut short: {e}"));
+                    }
+                    return;
+                }
+            }
+        }
+        messages.extend(sse_messages(&String::from_utf8_lossy(&pending)));
+        self.deliver(messages, is_initialize, new_session).await;
+    }
+
+    /// Note the MCP session an `initialize` answer opened, then write the
+    /// messages out.
+    async fn deliver(
+        &self,
+        messages: Vec<String>,
+        is_initialize: bool,
+        new_session: Option<String>,
+    ) {
         if is_initialize {
             let version = messages
                 .iter()
@@ -188,6 +270,10 @@ impl Relay {
                 });
             *self.mcp_session.lock().await = (new_session, version);
         }
+        self.send_lines(messages);
+    }
+
+    fn send_lines(&self, messages: Vec<String>) {
         for m in messages {
             // One line per message: re-encode compactly.
             let line = serde_json::from_str::<Value>(&m).map_or(m, |v| v.to_string());
@@ -210,6 +296,14 @@ impl Relay {
     }
 }
 
+/// The HTTP connector: `TCP_NODELAY`, so a request written in parts is
+/// not held back waiting for the server's acknowledgement.
+fn connector() -> HttpConnector {
+    let mut c = HttpConnector::new();
+    c.set_nodelay(true);
+    c
+}
+
 /// Relay stdin to the server and its answers to stdout until stdin ends.
 pub async fn run_stdio(config: BridgeConfig) -> Result<(), BridgeError> {
     let base = config.base_url.trim_end_matches('/');
@@ -222,17 +316,20 @@ pub async fn run_stdio(config: BridgeConfig) -> Result<(), BridgeError> {
     let (out, mut rx) = mpsc::unbounded_channel::<String>();
     let writer = tokio::spawn(async move {
         let mut stdout = tokio::io::stdout();
-        while let Some(line) = rx.recv().await {
-            if stdout.write_all(line.as_bytes()).await.is_err()
-                || stdout.write_all(b"\n").await.is_err()
-                || stdout.flush().await.is_err()
-            {
+        while let Some(mut line) = rx.recv().await {
+            // One write per message (and what queued meanwhile).
+            line.push('\n');
+            while let Ok(more) = rx.try_recv() {
+                line.push_str(&more);
+                line.push('\n');
+            }
+            if stdout.write_all(line.as_bytes()).await.is_err() || stdout.flush().await.is_err() {
                 break;
             }
         }
     });
     let relay = Arc::new(Relay {
-        client: Client::builder(TokioExecutor::new()).build_http(),
+        client: Client::builder(TokioExecutor::new()).build(connector()),
         url,
         config,
         mcp_session: Mutex::new((None, None)),
@@ -271,5 +368,21 @@ mod tests {
         let text = "id: 0\nretry: 3000\ndata:\n\ndata: {\"a\":1}\n\n: ping\n\ndata: {\"b\":\r\ndata: 2}\r\n\r\n";
         assert_eq!(sse_messages(text), vec!["{\"a\":1}", "{\"b\":\n2}"]);
         assert!(sse_messages("").is_empty());
+    }
+
+    #[test]
+    fn complete_events_are_taken_as_they_end() {
+        let mut pending = b"data: {\"a\":1}\n\ndata: {\"b\"".to_vec();
+        let done = take_events(&mut pending);
+        assert_eq!(done, b"data: {\"a\":1}\n\n");
+        assert_eq!(pending, b"data: {\"b\"");
+        assert!(take_events(&mut pending).is_empty());
+        pending.extend_from_slice(b":2}\r\n\r\nid: 3\n");
+        let done = take_events(&mut pending);
+        assert_eq!(
+            sse_messages(&String::from_utf8_lossy(&done)),
+            vec!["{\"b\":2}"]
+        );
+        assert_eq!(pending, b"id: 3\n");
     }
 }

@@ -15,7 +15,7 @@ use warden_store::StoreError;
 use crate::error::DbResult;
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// Every migration, in order: `(version it produces, SQL)`.
 ///
@@ -28,6 +28,8 @@ pub const SCHEMA_VERSION: i64 = 6;
 /// - 5: a call's `seq` unique within its session.
 /// - 6: the request an escalation holds (`escalations.request`) and step
 ///   leases (`run_steps.lease_holder`, `lease_expires_at`).
+/// - 7: a session's source index in parts (`session_index`), out of the
+///   session row: a result appends its delta.
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("migrations/0001_initial.sql")),
     (2, include_str!("migrations/0002_context.sql")),
@@ -35,6 +37,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (4, include_str!("migrations/0004_sessions.sql")),
     (5, include_str!("migrations/0005_call_seq_unique.sql")),
     (6, include_str!("migrations/0006_bound_requests.sql")),
+    (7, include_str!("migrations/0007_session_index_parts.sql")),
 ];
 
 /// First key of the migration advisory lock ("Ward").

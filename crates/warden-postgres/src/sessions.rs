@@ -15,14 +15,18 @@
 //!   session_id = $1 AND revision = $expected`: a concurrent updater waits
 //!   for the row and re-checks the revision against what committed (READ
 //!   COMMITTED), so of updaters expecting one revision exactly one writes.
+//!   The source index is kept in parts (`session_index`, one per revision
+//!   that wrote one, read back in revision order): the update that records
+//!   a result inserts its delta as the new revision's part, so neither a
+//!   decision nor a result rewrites the whole index.
 
 use warden_core::envelope::EnvelopeRecord;
 use warden_core::ids::{AgentId, CallId, SessionId};
 use warden_core::time::Timestamp;
 use warden_store::{
-    AuditFn, CallRecord, CreateSession, Entity, EnvelopeImport, SessionHead, SessionRecord,
-    SessionState, SessionUpdate, StoreError, UpdateSession, check_create, decide_import,
-    missing_envelope, seq_taken,
+    AuditFn, CallRecord, CreateSession, Entity, EnvelopeImport, IndexChange, SessionHead,
+    SessionRecord, SessionState, SessionUpdate, StoreError, UpdateSession, check_create,
+    decide_import, missing_envelope, seq_taken,
 };
 
 use crate::codec::{self, corrupt, text_in, u64_in, u64_out};
@@ -94,7 +98,9 @@ async fn load_in(
         return Ok(None);
     };
     let session = session_out(&row)?;
-    let sources: Vec<u8> = row.try_get(5).map_err(crate::error::column)?;
+    let sources: Option<Vec<u8>> = row.try_get(5).map_err(crate::error::column)?;
+    let sources =
+        sources.ok_or_else(|| corrupt(format!("session `{id}`: its source index is missing")))?;
     let calls = tx
         .query(sql::SESSION_CALLS, &[&id])
         .await?
@@ -235,14 +241,7 @@ pub(crate) async fn create_session(
                     let inserted = tx
                         .execute(
                             sql::INSERT_SESSION,
-                            &[
-                                &id,
-                                &agent,
-                                &revision,
-                                &session.created_at.0,
-                                &record,
-                                &state.sources,
-                            ],
+                            &[&id, &agent, &revision, &session.created_at.0, &record],
                         )
                         .await?;
                     if inserted == 0 {
@@ -251,6 +250,8 @@ pub(crate) async fn create_session(
                         drop(tx);
                         continue;
                     }
+                    tx.execute(sql::INSERT_INDEX_PART, &[&id, &revision, &state.sources])
+                        .await?;
                     for (call_id, seq, text) in &calls {
                         upsert_call(&mut tx, &session.session_id, call_id, *seq, text).await?;
                     }
@@ -388,15 +389,7 @@ pub(crate) async fn update_session(
         Some((expected, new)) => {
             tx.execute(
                 sql::UPDATE_SESSION,
-                &[
-                    &id,
-                    &agent,
-                    &new,
-                    &session.created_at.0,
-                    &record,
-                    &update.sources,
-                    &expected,
-                ],
+                &[&id, &agent, &new, &session.created_at.0, &record, &expected],
             )
             .await?
         }
@@ -407,6 +400,21 @@ pub(crate) async fn update_session(
             // The row is locked by the update above: no other change of
             // this session can take the position between check and write.
             upsert_call(&mut tx, &session.session_id, call_id, *seq, text).await?;
+        }
+        if let Some((_, new)) = revisions {
+            match &update.sources {
+                None => {}
+                Some(IndexChange::Append(bytes)) if bytes.is_empty() => {}
+                Some(IndexChange::Append(bytes)) => {
+                    tx.execute(sql::INSERT_INDEX_PART, &[&id, &new, bytes])
+                        .await?;
+                }
+                Some(IndexChange::Replace(bytes)) => {
+                    tx.execute(sql::DELETE_INDEX_PARTS, &[&id]).await?;
+                    tx.execute(sql::INSERT_INDEX_PART, &[&id, &new, bytes])
+                        .await?;
+                }
+            }
         }
         UpdateSession::Updated
     } else {

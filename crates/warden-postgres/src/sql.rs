@@ -204,28 +204,46 @@ macro_rules! session_cols {
 /// Zero rows: a session with this id exists (or is being created by a
 /// transaction that then commits).
 pub const INSERT_SESSION: &str = "INSERT INTO sessions \
-     (session_id, agent, revision, created_at, record, sources) \
-     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (session_id) DO NOTHING";
+     (session_id, agent, revision, created_at, record) \
+     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (session_id) DO NOTHING";
+/// A session's index, the bytes of its parts in revision order (NULL when
+/// it has none, which a stored session never has).
+macro_rules! session_index {
+    () => {
+        "(SELECT string_agg(p.bytes, ''::bytea ORDER BY p.revision) \
+         FROM session_index p WHERE p.session_id = sessions.session_id)"
+    };
+}
 /// The session row, held `FOR SHARE` until the transaction ends so that
 /// its calls, read next, belong to the same revision.
 pub const LOCK_SESSION: &str = concat!(
     "SELECT ",
     session_cols!(),
-    ", sources FROM sessions WHERE session_id = $1 FOR SHARE"
+    ", ",
+    session_index!(),
+    " FROM sessions WHERE session_id = $1 FOR SHARE"
 );
 pub const GET_SESSION: &str = concat!(
     "SELECT ",
     session_cols!(),
-    ", sources FROM sessions WHERE session_id = $1"
+    ", ",
+    session_index!(),
+    " FROM sessions WHERE session_id = $1"
 );
 /// [`GET_SESSION`] with the index NULL when the stored revision is `$2`
-/// (the caller holds that revision's index: the bytes are not sent).
+/// (the caller holds that revision's index: the parts are not read).
 pub const GET_SESSION_HEAD: &str = concat!(
     "SELECT ",
     session_cols!(),
-    ", CASE WHEN revision IS NOT DISTINCT FROM $2::bigint THEN NULL ELSE sources END \
-     FROM sessions WHERE session_id = $1"
+    ", CASE WHEN revision IS NOT DISTINCT FROM $2::bigint THEN NULL ELSE ",
+    session_index!(),
+    " END FROM sessions WHERE session_id = $1"
 );
+/// One part of a session's index, written at revision `$2`.
+pub const INSERT_INDEX_PART: &str =
+    "INSERT INTO session_index (session_id, revision, bytes) VALUES ($1, $2, $3)";
+/// Every part of a session's index (before a replace writes one).
+pub const DELETE_INDEX_PARTS: &str = "DELETE FROM session_index WHERE session_id = $1";
 pub const SESSION_CALLS: &str = "SELECT call_id, seq, record FROM session_calls \
      WHERE session_id = $1 ORDER BY seq, call_id";
 pub const SESSION_CALL_COUNT: &str = "SELECT count(*) FROM session_calls WHERE session_id = $1";
@@ -235,11 +253,10 @@ pub const SESSION_CALL: &str = "SELECT call_id, seq, record FROM session_calls \
 pub const CALL_AT_SEQ: &str = "SELECT call_id FROM session_calls \
      WHERE session_id = $1 AND seq = $2";
 pub const SESSION_REVISION: &str = "SELECT revision FROM sessions WHERE session_id = $1";
-/// The compare-and-set: zero rows means the stored revision is not `$7`
-/// (or there is no such session). `$6` NULL keeps the source index.
+/// The compare-and-set: zero rows means the stored revision is not `$6`
+/// (or there is no such session).
 pub const UPDATE_SESSION: &str = "UPDATE sessions SET agent = $2, revision = $3, \
-     created_at = $4, record = $5, sources = coalesce($6, sources) \
-     WHERE session_id = $1 AND revision = $7";
+     created_at = $4, record = $5 WHERE session_id = $1 AND revision = $6";
 pub const UPSERT_CALL: &str = "INSERT INTO session_calls (session_id, call_id, seq, record) \
      VALUES ($1, $2, $3, $4) ON CONFLICT (session_id, call_id) \
      DO UPDATE SET seq = EXCLUDED.seq, record = EXCLUDED.record";

@@ -37,7 +37,8 @@
 //! | `run_steps` | per run and step: `position`, `action`, `operation_id`, and once recorded `status`, `result`, `error`, `labels`, `recorded_at` |
 //! | `envelopes` (v2) | every version of every context envelope: key `(envelope_id, version)`, `record` (the `EnvelopeRecord` as canonical JSON), plus `parent_envelope_id`, `workflow_id`, `agent_id` |
 //! | `escalations` (v2) | the escalation queue in creation order (`pos`): `escalation_id` (unique), `target` (canonical JSON), `status`, `created_at`, `record` (the `EscalationRecord` as canonical JSON) |
-//! | `sessions` (v4) | tool-call sessions: `session_id` (the key), `pos` (creation order), `agent`, `revision`, `created_at`, `record` (the `SessionRecord` as canonical JSON), `sources` (the serialised source index) |
+//! | `sessions` (v4) | tool-call sessions: `session_id` (the key), `pos` (creation order), `agent`, `revision`, `created_at`, `record` (the `SessionRecord` as canonical JSON); `sources` (the serialised source index) until v7 |
+//! | `session_index` (v7) | a session's source index in parts: key `(session_id, revision)` (the revision that wrote the part), `bytes`; the index is the parts in revision order |
 //! | `session_calls` (v4) | key `(session_id, call_id)`: `seq`, `record` (the `CallRecord` as canonical JSON) |
 //! | `envelope_imports` (v4) | every envelope a session was opened from: key `(issuer, envelope_id, version)`, `record` (the `EnvelopeImport` as canonical JSON) |
 //!
@@ -47,7 +48,10 @@
 //! writing, its rows untouched. Version 3 (runs in flight) adds
 //! `runs.finished_at`, set in the transaction that records the step which
 //! finishes a run; the migration marks the runs already finished. Version
-//! 4 (tool-call sessions) adds the last three tables.
+//! 4 (tool-call sessions) adds the last three tables. Version 7 moves each
+//! session's source index into `session_index` (the stored index becomes
+//! its session's one part): a decision no longer rewrites the index with
+//! the session row, and a recorded result appends its delta.
 //!
 //! ## Quotas
 //!

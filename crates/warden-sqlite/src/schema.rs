@@ -19,7 +19,7 @@ use crate::lock::WriterLock;
 use crate::options::{OpenMode, SqliteOptions};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// `PRAGMA application_id` of a Warden database: ASCII `WRDN`. It marks the
 /// file as Warden's before any table is read (`file(1)` shows it too).
@@ -30,7 +30,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
 /// Each runs in the transaction that records its version; append only.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
 
 const V1: &str = r#"
 CREATE TABLE meta (
@@ -289,6 +289,27 @@ const V6: &str = r#"
 ALTER TABLE run_steps ADD COLUMN lease_holder TEXT;
 ALTER TABLE run_steps ADD COLUMN lease_acquired_at INTEGER;
 ALTER TABLE run_steps ADD COLUMN lease_expires_at INTEGER;
+"#;
+
+/// Version 7: a session's source index leaves the session row for parts
+/// of its own, keyed by the revision that wrote them: the create writes
+/// the first, a recorded result appends its delta, a replace drops the
+/// parts and writes one. The index is the parts' bytes in revision order.
+/// A call decision, which changes only the row, no longer rewrites the
+/// index with it, and a result writes its delta, not the whole index.
+/// Every stored index becomes the one part of its session's revision.
+const V7: &str = r#"
+CREATE TABLE session_index (
+    session_id TEXT NOT NULL REFERENCES sessions (session_id),
+    revision   INTEGER NOT NULL CHECK (revision >= 1),
+    bytes      BLOB NOT NULL,
+    PRIMARY KEY (session_id, revision)
+) STRICT;
+CREATE TRIGGER session_index_no_update BEFORE UPDATE ON session_index
+BEGIN SELECT RAISE(ABORT, 'index parts are appended, never changed'); END;
+INSERT INTO session_index (session_id, revision, bytes)
+SELECT session_id, revision, sources FROM sessions;
+ALTER TABLE sessions DROP COLUMN sources;
 "#;
 
 /// What a file holds, found by reading only.

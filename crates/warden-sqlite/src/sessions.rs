@@ -1,6 +1,9 @@
 //! Tool-call sessions inside the writer's transaction: creation with the
 //! session's first envelope version and the import check, the
-//! compare-and-set update with its call upsert, and reading back.
+//! compare-and-set update with its call upsert and index part, and reading
+//! back. A session's source index is kept in parts (`session_index`, one
+//! per revision that wrote one): a recorded result appends its delta, so
+//! neither a decision nor a result rewrites the whole index.
 //!
 //! Every mutating function runs in the writer's group transaction (and the
 //! command's savepoint), so an outcome commits together with the audit
@@ -14,9 +17,9 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use warden_core::envelope::{EnvelopeId, EnvelopeRecord};
 use warden_core::ids::{AgentId, CallId, SessionId};
 use warden_store::{
-    AuditFn, CallRecord, CreateSession, Entity, EnvelopeImport, PutEnvelope, SessionHead,
-    SessionRecord, SessionState, SessionUpdate, StoreError, UpdateSession, check_create,
-    decide_import, missing_envelope, seq_taken,
+    AuditFn, CallRecord, CreateSession, Entity, EnvelopeImport, IndexChange, PutEnvelope,
+    SessionHead, SessionRecord, SessionState, SessionUpdate, StoreError, UpdateSession,
+    check_create, decide_import, missing_envelope, seq_taken,
 };
 
 use crate::codec::{self, canonical_text};
@@ -55,37 +58,77 @@ fn session_from_row(row: &Row<'_>) -> Result<SessionRecord, StoreError> {
 type SessionRow = (SessionRecord, Option<Vec<u8>>);
 
 /// The session row and its source index, if stored; the index is `None`
-/// when the stored revision is `known_revision` (the bytes are not read).
+/// when the stored revision is `known_revision` (its parts are not read).
 fn load_row(
     conn: &Connection,
     session_id: &SessionId,
     known_revision: Option<u64>,
 ) -> Result<Option<SessionRow>, StoreError> {
-    // A revision SQLite cannot hold is never stored, so never matches.
-    let known = known_revision.and_then(|r| i64::try_from(r).ok());
     let found = conn
         .prepare_cached(&format!(
-            "SELECT {SESSION_COLUMNS}, CASE WHEN revision IS ?2 THEN NULL ELSE sources END \
-             FROM sessions WHERE session_id = ?1"
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE session_id = ?1"
         ))
         .store()?
-        .query_row(params![session_id.as_str(), known], |row| {
-            Ok((session_from_row(row), row.get::<_, Option<Vec<u8>>>(5)))
+        .query_row(params![session_id.as_str()], |row| {
+            Ok(session_from_row(row))
         })
         .optional()
         .store()?;
-    let Some((session, sources)) = found else {
+    let Some(session) = found else {
         return Ok(None);
     };
     let session = session?;
-    let sources = sources.map_err(|e| corrupt(format!("session `{session_id}`"), e))?;
-    if sources.is_none() != (known_revision == Some(session.revision)) {
+    if known_revision == Some(session.revision) {
+        return Ok(Some((session, None)));
+    }
+    Ok(Some((session, Some(load_index(conn, session_id)?))))
+}
+
+/// A session's source index: its parts' bytes in revision order (at least
+/// one part: the create writes it).
+fn load_index(conn: &Connection, session_id: &SessionId) -> Result<Vec<u8>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached("SELECT bytes FROM session_index WHERE session_id = ?1 ORDER BY revision")
+        .store()?;
+    let mut rows = stmt.query([session_id.as_str()]).store()?;
+    let mut sources = Vec::new();
+    let mut parts = 0usize;
+    while let Some(row) = rows.next().store()? {
+        let part = row
+            .get_ref(0)
+            .store()?
+            .as_blob()
+            .map_err(|e| corrupt(format!("session `{session_id}`"), e))?;
+        sources.extend_from_slice(part);
+        parts += 1;
+    }
+    if parts == 0 {
         return Err(corrupt(
             format!("session `{session_id}`"),
             "its source index is missing",
         ));
     }
-    Ok(Some((session, sources)))
+    Ok(sources)
+}
+
+/// Store one part of a session's index, written at `revision`.
+fn put_index_part(
+    conn: &Connection,
+    session_id: &SessionId,
+    revision: u64,
+    bytes: &[u8],
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO session_index (session_id, revision, bytes) VALUES (?1, ?2, ?3)",
+    )
+    .store()?
+    .execute(params![
+        session_id.as_str(),
+        to_sql(revision, "session revision")?,
+        bytes
+    ])
+    .store()?;
+    Ok(())
 }
 
 /// A call row of `call_id, seq, record`; the record must agree with the
@@ -279,8 +322,8 @@ fn decide_create(
     // Decided: store everything. A failure from here on fails the command,
     // whose savepoint takes every row with it.
     conn.prepare_cached(
-        "INSERT INTO sessions (session_id, pos, agent, revision, created_at, record, sources) \
-         SELECT ?1, coalesce(max(pos), 0) + 1, ?2, ?3, ?4, ?5, ?6 FROM sessions",
+        "INSERT INTO sessions (session_id, pos, agent, revision, created_at, record) \
+         SELECT ?1, coalesce(max(pos), 0) + 1, ?2, ?3, ?4, ?5 FROM sessions",
     )
     .store()?
     .execute(params![
@@ -289,9 +332,9 @@ fn decide_create(
         to_sql(session.revision, "session revision")?,
         session.created_at.0,
         canonical_text(session)?,
-        state.sources,
     ])
     .map_err(|e| duplicate_or(e, Entity::Session, session.session_id.as_str()))?;
+    put_index_part(conn, &session.session_id, session.revision, &state.sources)?;
     for call in &state.calls {
         upsert_call(conn, &session.session_id, call)?;
     }
@@ -372,8 +415,8 @@ fn decide_update(
     }
     let changed = conn
         .prepare_cached(
-            "UPDATE sessions SET agent = ?2, revision = ?3, created_at = ?4, record = ?5, \
-             sources = coalesce(?6, sources) WHERE session_id = ?1 AND revision = ?7",
+            "UPDATE sessions SET agent = ?2, revision = ?3, created_at = ?4, record = ?5 \
+             WHERE session_id = ?1 AND revision = ?6",
         )
         .store()?
         .execute(params![
@@ -382,7 +425,6 @@ fn decide_update(
             new,
             session.created_at.0,
             canonical_text(session)?,
-            update.sources,
             expected_sql,
         ])
         .store()?;
@@ -391,6 +433,20 @@ fn decide_update(
     }
     if let Some(call) = &update.call {
         upsert_call(conn, id, call)?;
+    }
+    // A failure from here fails the command, whose savepoint takes the row
+    // and the call with it.
+    match &update.sources {
+        None => {}
+        Some(IndexChange::Append(bytes)) if bytes.is_empty() => {}
+        Some(IndexChange::Append(bytes)) => put_index_part(conn, id, session.revision, bytes)?,
+        Some(IndexChange::Replace(bytes)) => {
+            conn.prepare_cached("DELETE FROM session_index WHERE session_id = ?1")
+                .store()?
+                .execute([id.as_str()])
+                .store()?;
+            put_index_part(conn, id, session.revision, bytes)?;
+        }
     }
     Ok(UpdateSession::Updated)
 }

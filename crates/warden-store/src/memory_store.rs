@@ -818,8 +818,8 @@ impl Store for MemoryStore {
                 return Err(seq_taken(id, call.seq));
             }
             stored.session = update.session;
-            if let Some(sources) = update.sources {
-                stored.sources = sources;
+            if let Some(change) = update.sources {
+                change.apply_to(&mut stored.sources);
             }
             if let Some(call) = update.call {
                 stored.put_call(call);

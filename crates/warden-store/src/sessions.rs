@@ -3,8 +3,8 @@
 //! A session is one row that changes by compare-and-set on its `revision`
 //! ([`Store::update_session`](crate::Store::update_session)), holding the
 //! session record, the serialised source index (keyed fingerprints, never
-//! tool output) and, beside it, one row per call keyed by
-//! `(session_id, call_id)`. The session's context envelope lives with every
+//! tool output; a recorded result appends its delta, [`IndexChange`]) and,
+//! beside it, one row per call keyed by `(session_id, call_id)`. The session's context envelope lives with every
 //! other envelope (`put_envelope`); its first version is created in the
 //! session's own transaction.
 //!
@@ -340,10 +340,35 @@ pub enum CreateSession {
 pub struct SessionUpdate {
     /// The new session row; its `revision` is the expected one plus one.
     pub session: SessionRecord,
-    /// The new source index, when it changed.
-    pub sources: Option<Vec<u8>>,
+    /// How the source index changes, when it does.
+    pub sources: Option<IndexChange>,
     /// A call to insert, or to replace (same `call_id`).
     pub call: Option<CallRecord>,
+}
+
+/// How an update changes a session's stored source index. The index is
+/// one byte string to its readers ([`SessionState::sources`],
+/// [`SessionHead::sources`]); how a backend keeps it is its own business,
+/// but an append costs the size of what is appended, not of the index
+/// (a recorded result adds a delta of its own fields,
+/// `warden_core::provenance::SourceIndex::delta_since`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IndexChange {
+    /// The index is now these bytes.
+    Replace(Vec<u8>),
+    /// These bytes follow the stored ones.
+    Append(Vec<u8>),
+}
+
+impl IndexChange {
+    /// Apply the change to the stored bytes `sources` (what every backend
+    /// reads back after it).
+    pub fn apply_to(self, sources: &mut Vec<u8>) {
+        match self {
+            IndexChange::Replace(bytes) => *sources = bytes,
+            IndexChange::Append(bytes) => sources.extend_from_slice(&bytes),
+        }
+    }
 }
 
 /// Outcome of [`Store::update_session`](crate::Store::update_session).

@@ -30,7 +30,10 @@
 //! [`FingerprintKey`]) of its normalised tokens, never the text. The
 //! [`SourceIndex`] serialises to bytes ([`SourceIndex::to_bytes`]) so a
 //! store can persist it; restoring needs the same key, and a restored index
-//! answers exactly as the original did.
+//! answers exactly as the original did. What one recording added encodes on
+//! its own ([`SourceIndex::delta_since`]): the encoding followed by its
+//! deltas, in order, restores the same index, so a store appends a delta
+//! per recorded result instead of rewriting the whole index.
 //!
 //! # Normalisation
 //!
@@ -165,7 +168,8 @@ use crate::ids::{ActionName, AgentId, IdentifierError, check_identifier};
 pub use embedded::{EmbeddedTarget, Within, embedded_targets};
 pub use fingerprint::{FingerprintKey, MAX_KEY_LEN, MIN_KEY_LEN};
 pub use index::{
-    IndexLimits, MAX_HITS, MAX_RECORD_DEPTH, MIN_SIGNIFICANT_CHARS, RecordOutcome, SourceIndex,
+    IndexLimits, IndexMark, MAX_HITS, MAX_RECORD_DEPTH, MIN_SIGNIFICANT_CHARS, RecordOutcome,
+    SourceIndex,
 };
 pub use normalise::canonical_number;
 pub use path::{MAX_CONCRETE_PATH_LEN, MAX_PATH_LEN, ValuePath};

@@ -14,8 +14,8 @@ use warden_core::ids::{ActionName, CallId, Label, SessionId};
 use warden_core::time::Timestamp;
 use warden_postgres::PgStore;
 use warden_store::{
-    AuditFn, CallRecord, CallStatus, CreateSession, EnvelopeImport, ImportRefusal, SessionRecord,
-    SessionState, SessionStatus, SessionUpdate, Store, StoreError, UpdateSession,
+    AuditFn, CallRecord, CallStatus, CreateSession, EnvelopeImport, ImportRefusal, IndexChange,
+    SessionRecord, SessionState, SessionStatus, SessionUpdate, Store, StoreError, UpdateSession,
 };
 
 use crate::support::*;
@@ -171,7 +171,9 @@ async fn imports_are_decided_once_across_two_servers() {
 }
 
 /// Sixteen writers on two servers each add their own call to one session,
-/// re-reading and retrying on conflict: no update is lost.
+/// and append their own byte to its index, re-reading and retrying on
+/// conflict: no update is lost, and no append either (each byte once, in
+/// the order the calls were stored).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn session_updates_are_never_lost_across_two_servers() {
     let scratch = scratch_or_skip!();
@@ -199,7 +201,7 @@ async fn session_updates_are_never_lost_across_two_servers() {
                         revision: rev + 1,
                         ..current.session
                     },
-                    sources: Some(vec![u8::try_from(i).unwrap()]),
+                    sources: Some(IndexChange::Append(vec![u8::try_from(i).unwrap()])),
                     call: Some(call(&format!("c-{i}"), current.calls.len() as u64)),
                 };
                 match store
@@ -230,6 +232,20 @@ async fn session_updates_are_never_lost_across_two_servers() {
     assert_eq!(seqs, (0..WRITERS as u64).collect::<Vec<_>>());
     let ids: BTreeSet<String> = stored.calls.iter().map(|c| c.call_id.to_string()).collect();
     assert_eq!(ids.len(), WRITERS);
+    let by_seq: Vec<u8> = stored
+        .calls
+        .iter()
+        .map(|c| c.call_id.as_str()[2..].parse().unwrap())
+        .collect();
+    assert_eq!(stored.sources, by_seq);
+    assert_eq!(
+        servers[0]
+            .get_session(sid("shared"))
+            .await
+            .unwrap()
+            .unwrap(),
+        stored
+    );
     eprintln!("{conflicts} conflicts retried");
 }
 

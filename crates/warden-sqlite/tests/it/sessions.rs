@@ -12,8 +12,8 @@ use warden_core::ids::{ActionName, CallId, Label, SessionId};
 use warden_core::time::Timestamp;
 use warden_sqlite::SqliteStore;
 use warden_store::{
-    CallRecord, CallStatus, CreateSession, EnvelopeImport, ImportRefusal, SessionRecord,
-    SessionState, SessionStatus, SessionUpdate, Store, StoreError, UpdateSession,
+    CallRecord, CallStatus, CreateSession, EnvelopeImport, ImportRefusal, IndexChange,
+    SessionRecord, SessionState, SessionStatus, SessionUpdate, Store, StoreError, UpdateSession,
     audit_if_session_created,
 };
 
@@ -135,7 +135,13 @@ async fn sessions_and_imports_survive_reopening() {
         let mut rev = first.session.clone();
         for (i, c) in [call("c-1", 1), call("c-0", 0)].into_iter().enumerate() {
             rev = next(&rev);
-            let sources = vec![u8::try_from(i).unwrap(); 3];
+            // A replace, then an append (a recorded result's delta).
+            let bytes = vec![u8::try_from(i).unwrap(); 3];
+            let sources = if i == 0 {
+                IndexChange::Replace(bytes)
+            } else {
+                IndexChange::Append(bytes)
+            };
             let o = store
                 .update_session(
                     SessionUpdate {
@@ -158,7 +164,7 @@ async fn sessions_and_imports_survive_reopening() {
         )
     };
     assert_eq!(before.0.session.revision, 3);
-    assert_eq!(before.0.sources, vec![1, 1, 1]);
+    assert_eq!(before.0.sources, vec![0, 0, 0, 1, 1, 1]);
     assert_eq!(before.0.calls, vec![call("c-0", 0), call("c-1", 1)]);
     assert!(before.1.sources.is_empty());
 
@@ -271,7 +277,7 @@ async fn values_sqlite_cannot_hold_change_nothing() {
         .update_session(
             SessionUpdate {
                 session: next(&base.session),
-                sources: Some(b"lost".to_vec()),
+                sources: Some(IndexChange::Append(b"lost".to_vec())),
                 call: Some(call("c-huge", u64::MAX)),
             },
             1,

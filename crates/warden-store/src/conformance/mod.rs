@@ -50,7 +50,8 @@
 //!   updates with calls upserted by id, the head read (without the index
 //!   bytes when the caller holds that revision), a create refused when its
 //!   envelope is not the session's, a call's `seq` unique in its session,
-//!   listing in creation order, and races of creators, updaters and
+//!   listing in creation order, the index appended to (a result's delta)
+//!   and replaced, and races of creators, updaters and
 //!   importers (exactly one wins each);
 //! - failed operations (errors, not outcomes) change nothing and append
 //!   nothing.
@@ -158,6 +159,7 @@ macro_rules! __conformance_tests {
             sessions_create_refuses_inconsistent,
             sessions_call_seq_unique,
             sessions_list_in_creation_order,
+            sessions_index_appends,
         );
     };
     (@required ($factory:expr); $($check:ident),* $(,)?) => {
@@ -245,6 +247,7 @@ where
     sessions_create_refuses_inconsistent(factory().await).await;
     sessions_call_seq_unique(factory().await).await;
     sessions_list_in_creation_order(factory().await).await;
+    sessions_index_appends(factory().await).await;
 }
 
 pub mod agents;

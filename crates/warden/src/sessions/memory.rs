@@ -63,8 +63,8 @@ impl<S: Store> Engine<S> {
             .map_err(|e| EngineError::internal(format!("source id: {e}")))?;
         for _ in 0..MAX_SESSION_ATTEMPTS {
             let now = self.now();
-            let state = self
-                .head_for(caller, session_id, Some(&call.call_id), false)
+            let (state, cached) = self
+                .head_for_call(caller, session_id, &call.call_id)
                 .await?;
             let Some(stored) = state.call.clone() else {
                 return Err(EngineError::not_found(Missing::Call, resource));
@@ -81,14 +81,14 @@ impl<S: Store> Engine<S> {
             let labels = self
                 .fold_call_labels(caller, &state.session, &stored, &[], now)
                 .await?;
-            let mut index = warden_core::provenance::SourceIndex::clone(
-                &*self.restore_index_of(&state.session, state.sources.as_deref())?,
-            );
+            let mut index = self.index_to_record(&state, cached)?;
+            let mark = index.mark();
             let resolved = outcome
                 .result
                 .as_ref()
                 .filter(|_| stored.action.as_str() == MEMORY_READ);
             let mut indexed = 0;
+            let mut changed = None;
             if let Some(r) = resolved {
                 let owner = r
                     .get("owner_agent_id")
@@ -99,6 +99,7 @@ impl<S: Store> Engine<S> {
                         .record_memory(source.clone(), owner, value)
                         .map_err(|e| EngineError::input("result", e))?
                         .fields_indexed;
+                    changed = Some(mark);
                 }
             }
             let extra = json!({
@@ -112,6 +113,7 @@ impl<S: Store> Engine<S> {
                     &state.session,
                     &stored,
                     index,
+                    changed,
                     hash,
                     labels,
                     outcome.error.is_some(),

@@ -271,7 +271,8 @@ impl<S: Store> Engine<S> {
         Ok(Some(plan))
     }
 
-    /// The head of a session for deciding a call (its agent only), read
+    /// The head of a session for deciding a call or recording its result
+    /// (its agent only), read
     /// without the index bytes when this process's cache holds the
     /// session's latest index and the stored revision is that one: the
     /// head and, then, the cached index (taken before the read, so a
@@ -316,6 +317,23 @@ impl<S: Store> Engine<S> {
         }
     }
 
+    /// The index of a head read by [`Self::head_for_call`], owned so a
+    /// result can be recorded into it: this process's cached index is
+    /// taken out of the cache (and moved, not copied, unless a concurrent
+    /// decision still holds it), so nothing else can see it while it
+    /// changes. Whoever commits the change caches it at the new revision;
+    /// a failed commit leaves the session uncached, and the next call
+    /// decodes the stored bytes.
+    pub(crate) fn index_to_record(
+        &self,
+        head: &SessionHead,
+        cached: Option<Arc<SourceIndex>>,
+    ) -> Result<SourceIndex, EngineError> {
+        let index = self.index_of_head(head, cached)?;
+        self.inner.session_indexes.forget(&head.session.session_id);
+        Ok(Arc::try_unwrap(index).unwrap_or_else(|shared| SourceIndex::clone(&shared)))
+    }
+
     /// Load a session the caller may see: its agent, an active ancestor of
     /// it, or the operator (`include_ancestors: false`: the agent only).
     pub(crate) async fn session_for(
@@ -329,29 +347,6 @@ impl<S: Store> Engine<S> {
         };
         self.check_visible(caller, &state.session, include_ancestors)?;
         Ok(state)
-    }
-
-    /// The head of a session the caller may see (as [`Self::session_for`]),
-    /// with the call `call_id` if given and decided: the row, index and
-    /// number of calls without reading the other calls (the index bytes
-    /// always there).
-    pub(crate) async fn head_for(
-        &self,
-        caller: &Caller,
-        session_id: &SessionId,
-        call_id: Option<&CallId>,
-        include_ancestors: bool,
-    ) -> Result<SessionHead, EngineError> {
-        let Some(head) = self
-            .inner
-            .store
-            .get_session_head(session_id.clone(), call_id.cloned(), None)
-            .await?
-        else {
-            return Err(EngineError::not_found(Missing::Session, session_id));
-        };
-        self.check_visible(caller, &head.session, include_ancestors)?;
-        Ok(head)
     }
 
     /// Whether `caller` may see `session` (not found otherwise, so that
@@ -524,6 +519,13 @@ impl IndexCache {
             plans.remove(&victim);
         }
         plans.insert(id, (hash, plan));
+    }
+
+    /// Drop the index cached for `id`.
+    fn forget(&self, id: &SessionId) {
+        if let Ok(mut entries) = self.entries.lock() {
+            entries.remove(id);
+        }
     }
 
     pub(crate) fn put(&self, id: SessionId, revision: u64, index: Arc<SourceIndex>) {

@@ -5,10 +5,10 @@ use std::sync::Arc;
 use warden_core::decision::{Subject, Verdict};
 use warden_core::ids::{CallId, Label, SessionId};
 
-use warden_core::provenance::{OutputTrust, SourceId, SourceIndex};
+use warden_core::provenance::{IndexMark, OutputTrust, SourceId, SourceIndex};
 use warden_store::{
-    CallStatus, EscalationResolution, EscalationStatus, EscalationTarget, ResolveEscalation,
-    SessionClosure, SessionStatus, SessionUpdate, Store,
+    CallStatus, EscalationResolution, EscalationStatus, EscalationTarget, IndexChange,
+    ResolveEscalation, SessionClosure, SessionStatus, SessionUpdate, Store,
 };
 
 use super::session_reasons as sr;
@@ -63,9 +63,7 @@ impl<S: Store> Engine<S> {
         // anything is written.
         for _ in 0..MAX_SESSION_ATTEMPTS {
             let now = self.now();
-            let state = self
-                .head_for(caller, session_id, Some(call_id), false)
-                .await?;
+            let (state, cached) = self.head_for_call(caller, session_id, call_id).await?;
             let Some(call) = state.call.clone() else {
                 return Err(EngineError::not_found(Missing::Call, resource));
             };
@@ -114,9 +112,8 @@ impl<S: Store> Engine<S> {
             let labels = self
                 .fold_call_labels(caller, &state.session, &call, &report.labels, now)
                 .await?;
-            let mut index = SourceIndex::clone(
-                &*self.restore_index_of(&state.session, state.sources.as_deref())?,
-            );
+            let mut index = self.index_to_record(&state, cached)?;
+            let mark = index.mark();
             let source = SourceId::parse(call_id.as_str())
                 .map_err(|e| EngineError::internal(format!("source id: {e}")))?;
             let trust = self
@@ -144,6 +141,7 @@ impl<S: Store> Engine<S> {
                     &state.session,
                     &call,
                     index,
+                    Some(mark),
                     hash,
                     labels,
                     report.error.is_some(),
@@ -167,8 +165,10 @@ impl<S: Store> Engine<S> {
     }
 
     /// Write a call's result: the call completed (or failed, `failed`) with
-    /// `hash` and `labels`, the session's index replaced by `index`, by
-    /// compare-and-set on `session`'s revision, with its decision
+    /// `hash` and `labels`, the session's index now `index`, stored as
+    /// what was recorded into it since `mark` (appended to the stored
+    /// bytes; `None`: the index did not change), by compare-and-set on
+    /// `session`'s revision, with its decision
     /// (`call_result_recorded` / `call_failed`) and `extra` in the audit
     /// entry. The decision and the call as written; `None` when another
     /// writer won (the caller reads the head again).
@@ -179,6 +179,7 @@ impl<S: Store> Engine<S> {
         session: &warden_store::SessionRecord,
         call: &warden_store::CallRecord,
         index: SourceIndex,
+        mark: Option<IndexMark>,
         hash: warden_core::audit::Digest,
         labels: Vec<Label>,
         failed: bool,
@@ -222,7 +223,7 @@ impl<S: Store> Engine<S> {
         next.revision += 1;
         let update = SessionUpdate {
             session: next,
-            sources: Some(index.to_bytes()),
+            sources: mark.map(|m| IndexChange::Append(index.delta_since(m))),
             call: Some(done.clone()),
         };
         if !self.commit_session(update, session.revision, draft).await? {

@@ -19,6 +19,7 @@ mod properties;
 mod quotas;
 mod request_rates;
 mod runs_as_plans;
+mod session_index;
 mod session_memory;
 mod session_plans;
 mod session_properties;

@@ -14,6 +14,7 @@ use super::{IndexError, Origin, OriginHit, SourceId, SourceKind, ValueProvenance
 use crate::ids::{ActionName, AgentId};
 
 mod codec;
+pub use codec::IndexMark;
 
 /// Values with fewer alphanumeric characters than this are *short*: they
 /// are vouched for only by a whole-field match, never by occurring inside

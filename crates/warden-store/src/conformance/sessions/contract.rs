@@ -290,3 +290,131 @@ pub async fn sessions_list_in_creation_order<S: Store>(store: S) {
         pick(&[1])
     );
 }
+
+/// The update that records a result appends to the stored index
+/// (`IndexChange::Append`) instead of rewriting it: the index read back
+/// (whole session and head alike) is the created bytes followed by every
+/// applied append, in order, through updates that carry no index change
+/// and after a replace; an append that conflicts, or whose call takes
+/// another call's position, adds nothing; an empty session index takes
+/// appends too; and a session's appends never show in another's.
+pub async fn sessions_index_appends<S: Store>(store: S) {
+    use crate::IndexChange::{Append, Replace};
+    use crate::SessionUpdate;
+    let mut session = bare("s-app", "agent-a", 10);
+    create(&store, state(session.clone(), b"base"), None, None).await;
+    create(
+        &store,
+        state(bare("s-app-2", "agent-a", 11), b""),
+        None,
+        None,
+    )
+    .await;
+    let mut expected = b"base".to_vec();
+    let mut rev = 1;
+    let steps: [(Option<crate::IndexChange>, Option<CallRecord>); 5] = [
+        (Some(Append(b"+one".to_vec())), Some(call("c-a", 0))),
+        (None, Some(call("c-b", 1))),
+        (Some(Append(b"+two".to_vec())), None),
+        (Some(Append(Vec::new())), None),
+        (Some(Append(b"+three\x00".to_vec())), Some(call("c-c", 2))),
+    ];
+    for (change, c) in steps {
+        session = next(&session);
+        if let Some(change) = &change {
+            change.clone().apply_to(&mut expected);
+        }
+        let o = store
+            .update_session(
+                SessionUpdate {
+                    session: session.clone(),
+                    sources: change,
+                    call: c,
+                },
+                rev,
+                audit_if_updated(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(o, UpdateSession::Updated);
+        rev += 1;
+        let s = heads_agree(&store, "s-app").await;
+        assert_eq!(s.sources, expected, "after revision {rev}");
+    }
+    assert_eq!(expected, b"base+one+two+three\x00");
+    // A caller holding an older revision gets every part.
+    let head = store
+        .get_session_head(sid("s-app"), None, Some(2))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(head.sources.as_deref(), Some(expected.as_slice()));
+
+    // Refused appends add nothing: a stale revision, a taken position.
+    let stored = get(&store, "s-app").await.unwrap();
+    let audit = store.audit_head().await.unwrap();
+    let o = store
+        .update_session(
+            SessionUpdate {
+                session: next(&session),
+                sources: Some(Append(b"+stale".to_vec())),
+                call: None,
+            },
+            rev - 1,
+            audit_if_updated(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(o, UpdateSession::Conflict { current: Some(rev) });
+    let err = store
+        .update_session(
+            SessionUpdate {
+                session: next(&session),
+                sources: Some(Append(b"+taken".to_vec())),
+                call: Some(call("c-d", 1)),
+            },
+            rev,
+            audit_if_updated(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err, StoreError::duplicate(Entity::Call, "s-app/#1"));
+    assert_eq!(get(&store, "s-app").await, Some(stored));
+    assert_eq!(store.audit_head().await.unwrap(), audit);
+
+    // A replace drops every part; appends then follow it.
+    for change in [Replace(b"fresh".to_vec()), Append(b"+after".to_vec())] {
+        session = next(&session);
+        store
+            .update_session(
+                SessionUpdate {
+                    session: session.clone(),
+                    sources: Some(change),
+                    call: None,
+                },
+                rev,
+                audit_if_updated(),
+            )
+            .await
+            .unwrap();
+        rev += 1;
+    }
+    assert_eq!(heads_agree(&store, "s-app").await.sources, b"fresh+after");
+
+    // An empty index takes appends; the other session is untouched.
+    let other = next(&bare("s-app-2", "agent-a", 11));
+    store
+        .update_session(
+            SessionUpdate {
+                session: other,
+                sources: Some(Append(b"x".to_vec())),
+                call: None,
+            },
+            1,
+            audit_if_updated(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(heads_agree(&store, "s-app-2").await.sources, b"x");
+    assert_eq!(heads_agree(&store, "s-app").await.sources, b"fresh+after");
+}

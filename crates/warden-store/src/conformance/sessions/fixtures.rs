@@ -147,7 +147,7 @@ pub(super) fn update(
 ) -> SessionUpdate {
     SessionUpdate {
         session,
-        sources: sources.map(<[u8]>::to_vec),
+        sources: sources.map(|b| crate::IndexChange::Replace(b.to_vec())),
         call,
     }
 }

@@ -1491,7 +1491,7 @@ fn the_engine_on_postgres_agrees_with_the_model() {
 /// A schema of its own per case, named as the PostgreSQL crate's test
 /// schemas (`wtest_<unix secs>_<pid>_<counter>_<nanos>`) so that its sweep
 /// drops any a killed run leaves behind.
-fn fresh_schema() -> String {
+pub(crate) fn fresh_schema() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let now = std::time::SystemTime::now()
@@ -1506,7 +1506,7 @@ fn fresh_schema() -> String {
     )
 }
 
-async fn drop_schema(url: &str, schema: &str) {
+pub(crate) async fn drop_schema(url: &str, schema: &str) {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
         .unwrap();
