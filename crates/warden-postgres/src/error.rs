@@ -1,23 +1,33 @@
 //! Mapping driver errors to [`StoreError`].
 
 use tokio_postgres::error::SqlState;
-use warden_store::StoreError;
+use warden_store::{StoreError, Unavailability};
 
-/// Whether a SQLSTATE means "not now" rather than "never": the server is
-/// out of resources (class 53: disk full, too many connections, out of
-/// memory), shutting down or starting (57P01 to 57P03), the connection
-/// failed (class 08), the server ended a session left idle too long, in a
-/// transaction or not (25P03, 57P05: its connection is gone), or the
+/// Why a SQLSTATE means "not now" rather than "never", or `None` when it
+/// does not: the server is out of disk (53100) or of other resources (the
+/// rest of class 53: too many connections, out of memory), shutting down or
+/// starting (57P01 to 57P03), the connection failed (class 08), the server
+/// ended a session left idle too long, in a transaction or not (25P03,
+/// 57P05: its connection is gone), or the
 /// transaction lost a lock race it may win when retried (40001, 40P01,
 /// 55P03).
-fn transient(code: &SqlState) -> bool {
+fn transient(code: &SqlState) -> Option<Unavailability> {
     let c = code.code();
-    c.starts_with("08")
-        || c.starts_with("53")
-        || matches!(
-            c,
-            "57P01" | "57P02" | "57P03" | "25P03" | "57P05" | "40001" | "40P01" | "55P03"
-        )
+    if c == "53100" {
+        Some(Unavailability::DiskFull)
+    } else if c.starts_with("53") {
+        Some(Unavailability::OutOfResources)
+    } else if c.starts_with("08") {
+        Some(Unavailability::ConnectionLost)
+    } else if matches!(c, "57P01" | "57P02" | "57P03") {
+        Some(Unavailability::ShuttingDown)
+    } else if matches!(c, "25P03" | "57P05") {
+        Some(Unavailability::ConnectionLost)
+    } else if matches!(c, "40001" | "40P01" | "55P03") {
+        Some(Unavailability::Busy)
+    } else {
+        None
+    }
 }
 
 /// A driver error as a [`StoreError`], keeping the driver error as the
@@ -25,22 +35,22 @@ fn transient(code: &SqlState) -> bool {
 ///
 /// - a read-only server (a hot standby, `default_transaction_read_only`):
 ///   [`StoreError::ReadOnly`];
-/// - a transient SQLSTATE (above), a closed connection, or a failure to
-///   reach the server at all (an I/O error, a timeout):
-///   [`StoreError::Unavailable`];
+/// - a transient SQLSTATE (above), with its reason, a closed connection or a
+///   failure to reach the server at all (an I/O error, a timeout:
+///   [`Unavailability::ConnectionLost`]): [`StoreError::Unavailable`];
 /// - anything else: [`StoreError::Backend`].
 pub(crate) fn db(e: tokio_postgres::Error) -> StoreError {
     if let Some(d) = e.as_db_error() {
         if d.code() == &SqlState::READ_ONLY_SQL_TRANSACTION {
             return StoreError::read_only(e);
         }
-        if transient(d.code()) {
-            return StoreError::unavailable(e);
+        if let Some(reason) = transient(d.code()) {
+            return StoreError::unavailable_because(reason, e);
         }
         return StoreError::backend(e);
     }
     if e.is_closed() || io_cause(&e) {
-        return StoreError::unavailable(e);
+        return StoreError::unavailable_because(Unavailability::ConnectionLost, e);
     }
     StoreError::backend(e)
 }
@@ -85,26 +95,48 @@ mod tests {
 
     #[test]
     fn transient_states() {
-        for code in [
-            SqlState::CONNECTION_FAILURE,
-            SqlState::DISK_FULL,
-            SqlState::TOO_MANY_CONNECTIONS,
-            SqlState::ADMIN_SHUTDOWN,
-            SqlState::CANNOT_CONNECT_NOW,
-            SqlState::T_R_SERIALIZATION_FAILURE,
-            SqlState::T_R_DEADLOCK_DETECTED,
-            SqlState::LOCK_NOT_AVAILABLE,
-            SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
-            SqlState::IDLE_SESSION_TIMEOUT,
+        for (code, reason) in [
+            (SqlState::DISK_FULL, Unavailability::DiskFull),
+            (
+                SqlState::INSUFFICIENT_RESOURCES,
+                Unavailability::OutOfResources,
+            ),
+            (SqlState::OUT_OF_MEMORY, Unavailability::OutOfResources),
+            (
+                SqlState::TOO_MANY_CONNECTIONS,
+                Unavailability::OutOfResources,
+            ),
+            (
+                SqlState::CONNECTION_EXCEPTION,
+                Unavailability::ConnectionLost,
+            ),
+            (SqlState::CONNECTION_FAILURE, Unavailability::ConnectionLost),
+            (
+                SqlState::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+                Unavailability::ConnectionLost,
+            ),
+            (SqlState::ADMIN_SHUTDOWN, Unavailability::ShuttingDown),
+            (SqlState::CRASH_SHUTDOWN, Unavailability::ShuttingDown),
+            (SqlState::CANNOT_CONNECT_NOW, Unavailability::ShuttingDown),
+            (SqlState::T_R_SERIALIZATION_FAILURE, Unavailability::Busy),
+            (SqlState::T_R_DEADLOCK_DETECTED, Unavailability::Busy),
+            (SqlState::LOCK_NOT_AVAILABLE, Unavailability::Busy),
+            (
+                SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+                Unavailability::ConnectionLost,
+            ),
+            (SqlState::IDLE_SESSION_TIMEOUT, Unavailability::ConnectionLost),
         ] {
-            assert!(transient(&code), "{code:?}");
+            assert_eq!(transient(&code), Some(reason), "{code:?}");
         }
         for code in [
             SqlState::UNIQUE_VIOLATION,
             SqlState::SYNTAX_ERROR,
             SqlState::UNDEFINED_TABLE,
+            SqlState::READ_ONLY_SQL_TRANSACTION,
+            SqlState::QUERY_CANCELED,
         ] {
-            assert!(!transient(&code), "{code:?}");
+            assert_eq!(transient(&code), None, "{code:?}");
         }
     }
 }

@@ -17,7 +17,7 @@
 //! | 422 | readable JSON that is invalid for the route (unknown field, wrong type, bad SOP, ...) |
 //! | 429 | a quota is exhausted (the denial is in the audit log) |
 //! | 500 | an internal failure: logged with its cause, answered without it |
-//! | 503 | the request took longer than the server's timeout |
+//! | 503 | the request took longer than the server's timeout (`timeout`), or storage cannot serve it now (`unavailable`, with `details.reason`) |
 //!
 //! Messages are one line, lowercase, without a final period; user input in
 //! them is cut to a bounded length so an error never echoes a large body.
@@ -30,7 +30,7 @@ use serde_json::{Value, json};
 use warden::{ConflictKind, EngineError, Problem, RegistrationRefusal};
 use warden_core::hierarchy::HierarchyError;
 use warden_core::lockdown::LockdownError;
-use warden_store::StoreError;
+use warden_store::{StoreError, Unavailability};
 
 /// Longest message sent back, in bytes.
 const MAX_MESSAGE: usize = 512;
@@ -124,15 +124,21 @@ impl ApiError {
         )
     }
 
-    /// A 503 `unavailable`: storage cannot be reached or take writes now;
-    /// the cause is logged and not sent.
-    pub fn unavailable(cause: &dyn std::fmt::Display) -> Self {
-        tracing::warn!(error = %cause, "storage unavailable");
+    /// A 503 `unavailable`: storage cannot be reached or take writes now,
+    /// for `reason`. The message says the reason in words (`storage is
+    /// unavailable: disk full; retry later`) and `details.reason` names it
+    /// ([`Unavailability::as_str`]: `disk_full`, `read_only`, `busy`,
+    /// `connection_lost`, `out_of_resources`, `shutting_down`, `io_error`,
+    /// `other`); the backend's own words (which may name paths or driver
+    /// internals) are logged and not sent.
+    pub fn unavailable(reason: Unavailability, cause: &dyn std::fmt::Display) -> Self {
+        tracing::warn!(error = %cause, reason = reason.as_str(), "storage unavailable");
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",
-            "storage is unavailable; retry later",
+            format!("storage is unavailable: {reason}; retry later"),
         )
+        .with_details(json!({ "reason": reason.as_str() }))
     }
 
     /// A 500 whose cause is logged and not sent.
@@ -297,7 +303,10 @@ impl From<EngineError> for ApiError {
                 let message = EngineError::Conflict { kind, id }.to_string();
                 ApiError::new(StatusCode::CONFLICT, code, message)
             }
-            EngineError::Unavailable(cause) => ApiError::unavailable(&cause),
+            EngineError::Unavailable(cause) => ApiError::unavailable(
+                cause.unavailability().unwrap_or(Unavailability::Other),
+                &cause,
+            ),
             other @ (EngineError::MissingHandlers(_) | EngineError::Internal(_)) => {
                 ApiError::internal(&other)
             }
@@ -321,3 +330,60 @@ pub fn sop_error(e: &warden_core::sop::SopError) -> ApiError {
 
 /// Shorthand for handler results.
 pub type ApiResult<T> = Result<T, ApiError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unavailable_storage_is_503_with_its_reason_and_no_internals() {
+        let cases = [
+            (
+                StoreError::unavailable_because(
+                    Unavailability::DiskFull,
+                    "cannot write `/var/lib/warden/warden.db`: disk full",
+                ),
+                "disk_full",
+                "storage is unavailable: disk full; retry later",
+            ),
+            (
+                StoreError::read_only("cannot write `/srv/w.db`: read-only file system"),
+                "read_only",
+                "storage is unavailable: the database is read-only; retry later",
+            ),
+            (
+                StoreError::unavailable_because(Unavailability::Busy, "database is locked"),
+                "busy",
+                "storage is unavailable: the database is busy (locked by another writer); retry later",
+            ),
+            (
+                StoreError::unavailable("pool timed out"),
+                "other",
+                "storage is unavailable: the database cannot be used right now; retry later",
+            ),
+        ];
+        for (store, reason, message) in cases {
+            let e = ApiError::from(store);
+            assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(e.code, "unavailable");
+            assert_eq!(e.message, message);
+            assert_eq!(e.details, json!({ "reason": reason }));
+            for leak in ["/", "database is locked", "timed out", "file system"] {
+                assert!(!e.message.contains(leak), "{leak} in {}", e.message);
+            }
+        }
+        // Every reason has its own stable name in the body.
+        for reason in Unavailability::ALL {
+            let e = ApiError::unavailable(reason, &"x");
+            assert_eq!(e.details["reason"], reason.as_str());
+            assert!(e.message.starts_with("storage is unavailable: "));
+        }
+    }
+
+    #[test]
+    fn other_store_errors_are_not_503() {
+        let e = ApiError::from(StoreError::backend("boom at /x"));
+        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(!e.message.contains("/x"));
+    }
+}

@@ -3,38 +3,49 @@
 use std::path::Path;
 
 use rusqlite::ErrorCode;
-use warden_store::{Entity, StoreError};
+use warden_store::{Entity, StoreError, Unavailability};
 
 /// Classify a SQLite error by its result code; the driver error is kept as
 /// the source.
 ///
 /// - `SQLITE_READONLY`, `SQLITE_PERM`: [`StoreError::ReadOnly`];
 /// - `SQLITE_NOTADB`, `SQLITE_CORRUPT`: [`StoreError::Corrupt`];
-/// - `SQLITE_FULL` (disk full), `SQLITE_BUSY` and `SQLITE_LOCKED` (another
-///   writer held the lock beyond the busy timeout): [`StoreError::Unavailable`];
+/// - [`StoreError::Unavailable`], with its [`Unavailability`]:
+///   `SQLITE_FULL` is [`Unavailability::DiskFull`]; `SQLITE_BUSY` and
+///   `SQLITE_LOCKED` (another writer held the lock beyond the busy timeout)
+///   [`Unavailability::Busy`]; `SQLITE_IOERR` (the file could not be read
+///   or written) [`Unavailability::IoError`]; `SQLITE_NOMEM`
+///   [`Unavailability::OutOfResources`];
 /// - anything else: [`StoreError::Backend`].
 pub(crate) fn map(e: rusqlite::Error) -> StoreError {
     let code = match &e {
         rusqlite::Error::SqliteFailure(f, _) => Some(f.code),
         _ => None,
     };
+    let reason = match code {
+        Some(ErrorCode::DiskFull) => Some(Unavailability::DiskFull),
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => Some(Unavailability::Busy),
+        Some(ErrorCode::SystemIoFailure) => Some(Unavailability::IoError),
+        Some(ErrorCode::OutOfMemory) => Some(Unavailability::OutOfResources),
+        _ => None,
+    };
+    if let Some(reason) = reason {
+        return StoreError::unavailable_because(reason, e);
+    }
     match code {
         Some(ErrorCode::ReadOnly | ErrorCode::PermissionDenied) => StoreError::read_only(e),
         Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => StoreError::Corrupt {
             detail: format!("sqlite: {e}"),
             source: Some(Box::new(e)),
         },
-        Some(ErrorCode::DiskFull | ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
-            StoreError::unavailable(e)
-        }
         _ => StoreError::backend(e),
     }
 }
 
 /// A failed file operation on `path` (`what`: "create the lock file"),
 /// said plainly: a read-only filesystem or a permission problem is
-/// [`StoreError::ReadOnly`], a full disk [`StoreError::Unavailable`],
-/// anything else [`StoreError::Backend`].
+/// [`StoreError::ReadOnly`], a full disk [`StoreError::Unavailable`]
+/// ([`Unavailability::DiskFull`]), anything else [`StoreError::Backend`].
 pub(crate) fn io_failure(path: &Path, what: &str, e: &std::io::Error) -> StoreError {
     use std::io::ErrorKind;
     let p = path.display();
@@ -45,9 +56,10 @@ pub(crate) fn io_failure(path: &Path, what: &str, e: &std::io::Error) -> StoreEr
         ErrorKind::PermissionDenied => {
             StoreError::read_only(format!("cannot write `{p}`: permission denied"))
         }
-        ErrorKind::StorageFull | ErrorKind::QuotaExceeded => {
-            StoreError::unavailable(format!("cannot write `{p}`: disk full"))
-        }
+        ErrorKind::StorageFull | ErrorKind::QuotaExceeded => StoreError::unavailable_because(
+            Unavailability::DiskFull,
+            format!("cannot write `{p}`: disk full"),
+        ),
         ErrorKind::NotFound => {
             StoreError::backend(format!("cannot {what} `{p}`: its directory does not exist"))
         }
@@ -104,43 +116,67 @@ mod tests {
     #[test]
     fn result_codes_are_classified() {
         use rusqlite::ffi;
-        assert!(matches!(
-            map(failure(ffi::SQLITE_BUSY)),
-            StoreError::Unavailable { .. }
-        ));
-        assert!(matches!(
-            map(failure(ffi::SQLITE_LOCKED)),
-            StoreError::Unavailable { .. }
-        ));
-        assert!(matches!(
-            map(failure(ffi::SQLITE_FULL)),
-            StoreError::Unavailable { .. }
-        ));
-        assert!(matches!(
-            map(failure(ffi::SQLITE_READONLY)),
-            StoreError::ReadOnly { .. }
-        ));
-        assert!(matches!(
-            map(failure(ffi::SQLITE_PERM)),
-            StoreError::ReadOnly { .. }
-        ));
-        assert!(matches!(
-            map(failure(ffi::SQLITE_NOTADB)),
-            StoreError::Corrupt { .. }
-        ));
-        assert!(matches!(
-            map(failure(ffi::SQLITE_CORRUPT)),
-            StoreError::Corrupt { .. }
-        ));
-        assert!(matches!(
-            map(failure(ffi::SQLITE_ERROR)),
-            StoreError::Backend { .. }
-        ));
+        for (code, reason) in [
+            (ffi::SQLITE_FULL, Unavailability::DiskFull),
+            (ffi::SQLITE_BUSY, Unavailability::Busy),
+            (ffi::SQLITE_BUSY_TIMEOUT, Unavailability::Busy),
+            (ffi::SQLITE_LOCKED, Unavailability::Busy),
+            (ffi::SQLITE_IOERR, Unavailability::IoError),
+            (ffi::SQLITE_IOERR_WRITE, Unavailability::IoError),
+            (ffi::SQLITE_IOERR_FSYNC, Unavailability::IoError),
+            (ffi::SQLITE_NOMEM, Unavailability::OutOfResources),
+        ] {
+            let e = map(failure(code));
+            assert!(
+                matches!(e, StoreError::Unavailable { reason: r, .. } if r == reason),
+                "{code}: {e:?}"
+            );
+            assert_eq!(e.unavailability(), Some(reason));
+            assert!(e.is_transient());
+        }
+        for code in [ffi::SQLITE_READONLY, ffi::SQLITE_PERM] {
+            let e = map(failure(code));
+            assert!(matches!(e, StoreError::ReadOnly { .. }), "{code}: {e:?}");
+            assert_eq!(e.unavailability(), Some(Unavailability::ReadOnly));
+        }
+        for code in [ffi::SQLITE_NOTADB, ffi::SQLITE_CORRUPT] {
+            assert!(
+                matches!(map(failure(code)), StoreError::Corrupt { .. }),
+                "{code}"
+            );
+        }
+        for code in [
+            ffi::SQLITE_ERROR,
+            ffi::SQLITE_MISUSE,
+            ffi::SQLITE_CONSTRAINT,
+        ] {
+            let e = map(failure(code));
+            assert!(matches!(e, StoreError::Backend { .. }), "{code}: {e:?}");
+            assert_eq!(e.unavailability(), None);
+        }
         let e = map(failure(ffi::SQLITE_BUSY));
         assert!(
             std::error::Error::source(&e).is_some(),
             "the driver error is the source"
         );
+    }
+
+    #[test]
+    fn file_failures_are_classified() {
+        use std::io::{Error, ErrorKind};
+        let path = Path::new("/some/dir/warden.db");
+        let full = io_failure(path, "open", &Error::from(ErrorKind::StorageFull));
+        assert_eq!(full.unavailability(), Some(Unavailability::DiskFull));
+        assert_eq!(
+            full.to_string(),
+            "database unavailable: cannot write `/some/dir/warden.db`: disk full"
+        );
+        let quota = io_failure(path, "open", &Error::from(ErrorKind::QuotaExceeded));
+        assert_eq!(quota.unavailability(), Some(Unavailability::DiskFull));
+        let ro = io_failure(path, "open", &Error::from(ErrorKind::ReadOnlyFilesystem));
+        assert_eq!(ro.unavailability(), Some(Unavailability::ReadOnly));
+        let other = io_failure(path, "open", &Error::from(ErrorKind::InvalidData));
+        assert!(matches!(other, StoreError::Backend { .. }));
     }
 
     #[test]

@@ -97,20 +97,26 @@ pub(crate) fn acquire(db: &Path) -> Result<Arc<WriterLock>, StoreError> {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
             Err(TryLockError::WouldBlock) => {
-                return Err(StoreError::unavailable(format!(
-                    "`{}` is in use by another Warden process (it holds the lock on `{}`): stop that process or use another database",
-                    db.display(),
-                    path.display()
-                )));
+                return Err(StoreError::unavailable_because(
+                    warden_store::Unavailability::Busy,
+                    format!(
+                        "`{}` is in use by another Warden process (it holds the lock on `{}`): stop that process or use another database",
+                        db.display(),
+                        path.display()
+                    ),
+                ));
             }
             Err(TryLockError::Error(e)) => {
                 return Err(crate::error::io_failure(&path, "lock", &e));
             }
         }
     }
-    Err(StoreError::unavailable(format!(
-        "`{}`: a store of this process did not release its lock on `{}`",
-        db.display(),
-        path.display()
-    )))
+    Err(StoreError::unavailable_because(
+        warden_store::Unavailability::Busy,
+        format!(
+            "`{}`: a store of this process did not release its lock on `{}`",
+            db.display(),
+            path.display()
+        ),
+    ))
 }

@@ -455,8 +455,11 @@ fn explain(e: StoreError, path: &Path) -> StoreError {
         StoreError::ReadOnly { .. } | StoreError::Backend { .. } => {
             why_unwritable(path).unwrap_or(e)
         }
-        StoreError::Unavailable { ref source } if is_disk_full(source.as_ref()) => {
-            StoreError::unavailable(format!("cannot write `{}`: disk full", display(path)))
+        StoreError::Unavailable { ref source, .. } if is_disk_full(source.as_ref()) => {
+            StoreError::unavailable_because(
+                warden_store::Unavailability::DiskFull,
+                format!("cannot write `{}`: disk full", display(path)),
+            )
         }
         other => other,
     }

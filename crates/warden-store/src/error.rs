@@ -55,6 +55,91 @@ impl fmt::Display for Entity {
     }
 }
 
+/// Why storage cannot serve a request right now: the reason a backend gives
+/// a [`StoreError::Unavailable`] (and, for [`StoreError::ReadOnly`],
+/// [`Unavailability::ReadOnly`]). Stable: a server sends [`as_str`] to
+/// clients, so each variant names a condition an operator can act on, never
+/// a path or a driver's wording.
+///
+/// [`as_str`]: Unavailability::as_str
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Unavailability {
+    /// The disk (or the database server's disk) is full: `SQLITE_FULL`,
+    /// `ENOSPC`, SQLSTATE 53100.
+    DiskFull,
+    /// The database cannot be written: a read-only file or filesystem, a
+    /// permission problem, a hot standby.
+    ReadOnly,
+    /// Another writer held a lock beyond the timeout, or the transaction
+    /// lost a lock race (`SQLITE_BUSY`, `SQLITE_LOCKED`, SQLSTATE 40001,
+    /// 40P01, 55P03, another process holding the database).
+    Busy,
+    /// The database cannot be reached or the connection was lost (SQLSTATE
+    /// class 08, a closed connection, a refused or reset socket).
+    ConnectionLost,
+    /// The database server is out of resources other than disk: too many
+    /// connections, out of memory (SQLSTATE class 53 but 53100).
+    OutOfResources,
+    /// The database server is shutting down or starting up (SQLSTATE
+    /// 57P01 to 57P03).
+    ShuttingDown,
+    /// Reading or writing the database file failed (`SQLITE_IOERR`, an I/O
+    /// error on the file).
+    IoError,
+    /// None of the above, or not classified.
+    Other,
+}
+
+impl Unavailability {
+    /// The stable snake_case name (`disk_full`), for machine-readable
+    /// answers.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unavailability::DiskFull => "disk_full",
+            Unavailability::ReadOnly => "read_only",
+            Unavailability::Busy => "busy",
+            Unavailability::ConnectionLost => "connection_lost",
+            Unavailability::OutOfResources => "out_of_resources",
+            Unavailability::ShuttingDown => "shutting_down",
+            Unavailability::IoError => "io_error",
+            Unavailability::Other => "other",
+        }
+    }
+
+    /// A short lowercase phrase (`disk full`), for messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Unavailability::DiskFull => "disk full",
+            Unavailability::ReadOnly => "the database is read-only",
+            Unavailability::Busy => "the database is busy (locked by another writer)",
+            Unavailability::ConnectionLost => "the database connection is lost",
+            Unavailability::OutOfResources => "the database server is out of resources",
+            Unavailability::ShuttingDown => "the database server is shutting down",
+            Unavailability::IoError => "an i/o error on the database",
+            Unavailability::Other => "the database cannot be used right now",
+        }
+    }
+
+    /// Every reason, in order.
+    pub const ALL: [Unavailability; 8] = [
+        Unavailability::DiskFull,
+        Unavailability::ReadOnly,
+        Unavailability::Busy,
+        Unavailability::ConnectionLost,
+        Unavailability::OutOfResources,
+        Unavailability::ShuttingDown,
+        Unavailability::IoError,
+        Unavailability::Other,
+    ];
+}
+
+impl fmt::Display for Unavailability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.describe())
+    }
+}
+
 /// Why a storage operation failed (as opposed to being denied: denials are
 /// outcomes, not errors).
 ///
@@ -123,7 +208,9 @@ pub enum StoreError {
     /// timeout. Transient: retrying later may succeed.
     #[error("database unavailable: {source}")]
     Unavailable {
-        /// Why.
+        /// Why, classified.
+        reason: Unavailability,
+        /// Why, in the backend's words (may name paths: for the log).
         #[source]
         source: BoxError,
     },
@@ -178,9 +265,19 @@ impl StoreError {
         }
     }
 
-    /// `Unavailable` from anything that converts into a [`BoxError`].
+    /// `Unavailable` for a reason not classified
+    /// ([`Unavailability::Other`]), from anything that converts into a
+    /// [`BoxError`]. Backends that know why use
+    /// [`StoreError::unavailable_because`].
     pub fn unavailable(source: impl Into<BoxError>) -> Self {
+        StoreError::unavailable_because(Unavailability::Other, source)
+    }
+
+    /// `Unavailable` with its `reason`, from anything that converts into a
+    /// [`BoxError`].
+    pub fn unavailable_because(reason: Unavailability, source: impl Into<BoxError>) -> Self {
         StoreError::Unavailable {
+            reason,
             source: source.into(),
         }
     }
@@ -212,7 +309,8 @@ impl StoreError {
             StoreError::ReadOnly { source } => StoreError::ReadOnly {
                 source: wrap(source),
             },
-            StoreError::Unavailable { source } => StoreError::Unavailable {
+            StoreError::Unavailable { reason, source } => StoreError::Unavailable {
+                reason,
                 source: wrap(source),
             },
             StoreError::Backend { source } => StoreError::Backend {
@@ -225,6 +323,17 @@ impl StoreError {
     /// Whether retrying later may succeed ([`StoreError::Unavailable`]).
     pub fn is_transient(&self) -> bool {
         matches!(self, StoreError::Unavailable { .. })
+    }
+
+    /// Why storage cannot serve now: the reason of
+    /// [`StoreError::Unavailable`], [`Unavailability::ReadOnly`] for
+    /// [`StoreError::ReadOnly`], `None` for any other error.
+    pub fn unavailability(&self) -> Option<Unavailability> {
+        match self {
+            StoreError::Unavailable { reason, .. } => Some(*reason),
+            StoreError::ReadOnly { .. } => Some(Unavailability::ReadOnly),
+            _ => None,
+        }
     }
 
     /// The same error for several callers (a failed group commit answers
@@ -255,7 +364,10 @@ impl StoreError {
                 source: s.as_ref().map(|_| source()),
             },
             StoreError::ReadOnly { .. } => StoreError::ReadOnly { source: source() },
-            StoreError::Unavailable { .. } => StoreError::Unavailable { source: source() },
+            StoreError::Unavailable { reason, .. } => StoreError::Unavailable {
+                reason: *reason,
+                source: source(),
+            },
             StoreError::Backend { .. } => StoreError::Backend { source: source() },
         }
     }
@@ -311,8 +423,17 @@ impl PartialEq for StoreError {
                         _ => false,
                     }
             }
+            (
+                E::Unavailable {
+                    reason: r,
+                    source: a,
+                },
+                E::Unavailable {
+                    reason: q,
+                    source: b,
+                },
+            ) => r == q && same_source(a, b),
             (E::ReadOnly { source: a }, E::ReadOnly { source: b })
-            | (E::Unavailable { source: a }, E::Unavailable { source: b })
             | (E::Backend { source: a }, E::Backend { source: b }) => same_source(a, b),
             _ => false,
         }
@@ -379,10 +500,20 @@ mod tests {
 
     #[test]
     fn fan_out_keeps_variant_and_message() {
-        let shared = Arc::new(StoreError::unavailable("disk full"));
+        let shared = Arc::new(StoreError::unavailable_because(
+            Unavailability::DiskFull,
+            "disk full",
+        ));
         let copy = StoreError::fan_out(&shared);
-        assert!(matches!(copy, StoreError::Unavailable { .. }));
+        assert!(matches!(
+            copy,
+            StoreError::Unavailable {
+                reason: Unavailability::DiskFull,
+                ..
+            }
+        ));
         assert_eq!(copy.to_string(), shared.to_string());
+        assert_eq!(copy, *shared);
         let shared = Arc::new(StoreError::duplicate(Entity::Run, "r1"));
         let copy = StoreError::fan_out(&shared);
         assert!(matches!(
@@ -407,5 +538,47 @@ mod tests {
         );
         let e = StoreError::not_found(Entity::Agent, "a").context("ignored");
         assert_eq!(e.to_string(), "agent `a` not found");
+        let e = StoreError::unavailable_because(Unavailability::Busy, "locked").context("write");
+        assert_eq!(e.unavailability(), Some(Unavailability::Busy));
+    }
+
+    #[test]
+    fn unavailability_is_typed_and_stable() {
+        let e = StoreError::unavailable("refused");
+        assert_eq!(e.unavailability(), Some(Unavailability::Other));
+        let e = StoreError::unavailable_because(Unavailability::DiskFull, "x");
+        assert_eq!(e.unavailability(), Some(Unavailability::DiskFull));
+        assert_eq!(e.to_string(), "database unavailable: x");
+        assert_eq!(
+            StoreError::read_only("standby").unavailability(),
+            Some(Unavailability::ReadOnly)
+        );
+        assert_eq!(StoreError::backend("x").unavailability(), None);
+        assert_eq!(StoreError::corrupt("x").unavailability(), None);
+        // Equal only with the same reason.
+        assert_ne!(
+            StoreError::unavailable_because(Unavailability::Busy, "x"),
+            StoreError::unavailable_because(Unavailability::IoError, "x")
+        );
+        // Names are distinct snake_case words, phrases one lowercase line.
+        let names: std::collections::BTreeSet<_> =
+            Unavailability::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(names.len(), Unavailability::ALL.len());
+        for r in Unavailability::ALL {
+            assert!(
+                r.as_str()
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c == '_'),
+                "{r:?}"
+            );
+            let d = r.describe();
+            assert!(
+                !d.is_empty() && !d.contains('\n') && d == d.to_lowercase(),
+                "{r:?}"
+            );
+            assert_eq!(r.to_string(), d);
+        }
+        assert_eq!(Unavailability::DiskFull.as_str(), "disk_full");
+        assert_eq!(Unavailability::DiskFull.describe(), "disk full");
     }
 }

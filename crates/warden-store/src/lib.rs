@@ -55,7 +55,7 @@ use warden_core::ids::{ActionName, AgentId, CallId, Key, Namespace, RunId, Sessi
 use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 
-pub use error::{BoxError, Entity, StoreError};
+pub use error::{BoxError, Entity, StoreError, Unavailability};
 
 pub use memory_store::MemoryStore;
 pub use quota::{QuotaKind, RunsInFlight, StorageQuota, decide_put, encoded_len, run_finished};

@@ -307,8 +307,9 @@ fn a_full_disk_at_start_is_named() {
 
 /// A server on a small tmpfs that is filled once the server runs: reads
 /// that record nothing still answer, whatever must write (a recorded
-/// decision included) answers 503 `unavailable`, nothing answers 500, and
-/// once there is room again writes succeed.
+/// decision included) answers 503 `unavailable` saying `disk full`
+/// (`details.reason` `disk_full`), nothing answers 500, and once there is
+/// room again writes succeed.
 #[test]
 fn a_full_disk_while_serving_is_503_never_500() {
     if !can_unshare() {
@@ -382,7 +383,23 @@ wait $W";
             || r.starts_with("HTTP/1.1 201")
             || (r.starts_with("HTTP/1.1 503") && r.contains("\"code\":\"unavailable\""));
         assert!(ok, "{what}: {r}");
+        // A 503 says why, in words and by name, and names no path.
+        if r.starts_with("HTTP/1.1 503") {
+            assert!(
+                r.contains("\"message\":\"storage is unavailable: disk full; retry later\"")
+                    && r.contains("\"details\":{\"reason\":\"disk_full\"}"),
+                "{what}: {r}"
+            );
+            assert!(!r.contains("warden.db"), "{what}: {r}");
+        }
     }
+    // A write on the full disk was refused, with its reason (checked above).
+    assert!(
+        statuses
+            .iter()
+            .any(|(what, r)| *what == "POST tokens" && r.starts_with("HTTP/1.1 503")),
+        "no write was refused on the full disk: {statuses:?}"
+    );
     // Reads that record no decision need no writing: they answer.
     for (what, r) in &statuses {
         if ["/healthz", "/v1/audit?limit=5", "/v1/audit/verify"].contains(what) {

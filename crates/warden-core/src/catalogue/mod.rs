@@ -31,6 +31,7 @@ mod spec;
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::{Arc, LazyLock};
 
 use jsonschema::error::ValidationErrorKind;
 use jsonschema::{PatternOptions, ValidationError, Validator};
@@ -293,8 +294,9 @@ pub struct CompiledAction {
     tags: Vec<Label>,
     limits: ExecutionLimits,
     output_labels: Vec<Label>,
-    /// The built-in schema (if any) first, then the bundle's.
-    schemas: Vec<Validator>,
+    /// The built-in schema (if any) first, then the bundle's. Shared: the
+    /// built-in ones are compiled once per process ([`BUILTINS`]).
+    schemas: Vec<Arc<Validator>>,
     rules: Vec<CompiledRule>,
     provenance: ActionProvenance,
 }
@@ -468,7 +470,7 @@ impl fmt::Debug for ActionCatalogue {
 impl ActionCatalogue {
     /// Compile the bundle's action specs, adding the built-in actions.
     pub fn compile(specs: &BTreeMap<ActionName, ActionSpec>) -> Result<Self, CatalogueError> {
-        let builtins = builtin_specs();
+        let builtins = &*BUILTINS;
         let mut names: Vec<&ActionName> = specs.keys().chain(builtins.keys()).collect();
         names.sort();
         names.dedup();
@@ -565,10 +567,36 @@ impl ActionCatalogue {
     }
 }
 
+/// A built-in action's spec with its argument schema compiled.
+struct Builtin {
+    spec: ActionSpec,
+    schema: Option<Arc<Validator>>,
+}
+
+/// The built-in actions, their schemas compiled once per process: every
+/// catalogue holds them, so compiling a bundle compiles only the bundle's
+/// own schemas (a schema's compilation, its regexes included, is most of
+/// the cost of a small bundle).
+static BUILTINS: LazyLock<BTreeMap<ActionName, Builtin>> = LazyLock::new(|| {
+    builtin_specs()
+        .into_iter()
+        .map(|(name, spec)| {
+            // A schema that did not compile is compiled again (and its
+            // error returned) by every catalogue: fail closed.
+            let schema = spec
+                .arguments
+                .as_ref()
+                .and_then(|s| compile_schema(&name, s).ok())
+                .map(Arc::new);
+            (name, Builtin { spec, schema })
+        })
+        .collect()
+});
+
 fn compile_action(
     index: ActionIndex,
     name: &ActionName,
-    builtin: Option<&ActionSpec>,
+    builtin: Option<&Builtin>,
     bundle: Option<&ActionSpec>,
 ) -> Result<CompiledAction, CatalogueError> {
     let mut tags = Vec::new();
@@ -577,7 +605,10 @@ fn compile_action(
     let mut rules = Vec::new();
     let mut provenance = ActionProvenance::default();
     // The bundle's limits win; a built-in only supplies defaults.
-    let limits = bundle.or(builtin).map(|s| s.limits).unwrap_or_default();
+    let limits = bundle
+        .or(builtin.map(|b| &b.spec))
+        .map(|s| s.limits)
+        .unwrap_or_default();
     if limits.timeout_ms == 0 {
         return Err(CatalogueError::InvalidLimit {
             action: name.clone(),
@@ -590,11 +621,18 @@ fn compile_action(
             field: "max_output_bytes",
         });
     }
-    for spec in builtin.into_iter().chain(bundle) {
+    let cached = builtin.and_then(|b| b.schema.as_ref());
+    for (spec, cached) in builtin
+        .map(|b| (&b.spec, cached))
+        .into_iter()
+        .chain(bundle.map(|s| (s, None)))
+    {
         tags.extend(spec.tags.iter().cloned());
         output_labels.extend(spec.output_labels.iter().cloned());
-        if let Some(schema) = &spec.arguments {
-            schemas.push(compile_schema(name, schema)?);
+        match (cached, &spec.arguments) {
+            (Some(compiled), _) => schemas.push(Arc::clone(compiled)),
+            (None, Some(schema)) => schemas.push(Arc::new(compile_schema(name, schema)?)),
+            (None, None) => {}
         }
         for (position, rule) in spec.rules.iter().enumerate() {
             rules.push(CompiledRule::compile(name, position, rule)?);

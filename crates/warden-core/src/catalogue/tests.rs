@@ -911,3 +911,33 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn builtin_schemas_are_compiled_once_and_shared() {
+    let a = compile(json!({}));
+    let b = compile(json!({"memory.write": {"arguments": {"type": "object", "maxProperties": 3}}}));
+    let (x, y) = (
+        a.by_name("memory.write").unwrap(),
+        b.by_name("memory.write").unwrap(),
+    );
+    // The built-in schema is the same compiled validator in both, first;
+    // the bundle's own comes after it.
+    assert_eq!((x.schemas.len(), y.schemas.len()), (1, 2));
+    assert!(Arc::ptr_eq(&x.schemas[0], &y.schemas[0]));
+    // ...and both still check: the built-in shape, then the bundle's.
+    let bad = json!({"namespace": "n", "key": "k"});
+    assert_eq!(
+        check(&a, "memory.write", bad.clone()),
+        ["argument_schema_violation:/value"]
+    );
+    assert_eq!(
+        check(&b, "memory.write", bad),
+        ["argument_schema_violation:/value"]
+    );
+    let four = json!({"namespace": "n", "key": "k", "value": 1, "expected_revision": 2});
+    assert!(check(&a, "memory.write", four.clone()).is_empty());
+    assert_eq!(
+        check(&b, "memory.write", four),
+        ["argument_schema_violation:$"]
+    );
+}

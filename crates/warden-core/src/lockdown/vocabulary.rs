@@ -197,11 +197,14 @@ pub struct SpecIssue {
 /// run of separators (or none) between them.
 type Entry = Vec<String>;
 
-/// The built-in terms, canonicalised once.
+/// The built-in terms and the presets' names, canonicalised once per
+/// process (a bundle's compile then only canonicalises its own entries).
 struct Terms {
     namespaces: Vec<Entry>,
     families: Vec<Entry>,
     names: Vec<Entry>,
+    /// The names of each preset, in [`Preset::ALL`] order.
+    presets: [Vec<Entry>; Preset::ALL.len()],
     read_verbs: Vec<String>,
     write_verbs: Vec<String>,
 }
@@ -254,6 +257,7 @@ static TERMS: LazyLock<Terms> = LazyLock::new(|| {
         namespaces: BUILTIN_NAMESPACES.iter().map(|t| entry_of(t)).collect(),
         families,
         names: BUILTIN_NAMES.iter().map(|t| entry_of(t)).collect(),
+        presets: Preset::ALL.map(|p| p.names().iter().map(|n| entry_of(n)).collect()),
         read_verbs: READ_VERBS.iter().map(|t| glued_of(t)).collect(),
         write_verbs: WRITE_VERBS.iter().map(|t| glued_of(t)).collect(),
     }
@@ -365,8 +369,10 @@ impl Vocabulary {
         let mut presets: Vec<Preset> = presets.to_vec();
         presets.sort();
         presets.dedup();
-        for preset in &presets {
-            names.extend(preset.names().iter().map(|n| entry_of(n)));
+        for (preset, entries) in Preset::ALL.iter().zip(&TERMS.presets) {
+            if presets.contains(preset) {
+                names.extend(entries.iter().cloned());
+            }
         }
         names.sort();
         names.dedup();

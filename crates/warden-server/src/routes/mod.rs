@@ -198,7 +198,9 @@ pub(crate) const SERVER_ERRORS: &[ErrorDoc] = &[
 ];
 /// Errors every route that reaches the store may answer.
 pub(crate) const STORE_ERRORS: &[ErrorDoc] =
-    &[fail(503, "unavailable").note("storage unreachable or not taking writes; retry")];
+    &[fail(503, "unavailable").note(
+        "storage unreachable or not taking writes; retry. `details.reason` says why: disk_full, read_only, busy, connection_lost, out_of_resources, shutting_down, io_error or other",
+    )];
 
 impl Route {
     /// The names of the path parameters, in order.
