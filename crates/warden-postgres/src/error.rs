@@ -125,7 +125,10 @@ mod tests {
                 SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
                 Unavailability::ConnectionLost,
             ),
-            (SqlState::IDLE_SESSION_TIMEOUT, Unavailability::ConnectionLost),
+            (
+                SqlState::IDLE_SESSION_TIMEOUT,
+                Unavailability::ConnectionLost,
+            ),
         ] {
             assert_eq!(transient(&code), Some(reason), "{code:?}");
         }
