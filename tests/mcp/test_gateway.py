@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -715,6 +716,179 @@ class GatewayTest(unittest.TestCase):
             with self.assertRaises(urllib.error.HTTPError) as e:
                 urllib.request.urlopen(req, timeout=10)
             self.assertEqual(e.exception.code, status)
+
+
+RETRY_POLICY = """
+policy_version: mcp-retry
+mcp_servers:
+  mail:
+    command: [{python}, {server}]
+    env: {{CALL_LOG: {log}}}
+    trust: untrusted
+    escalation_wait_ms: 300
+actions:
+  mail.wire_money:
+    arguments:
+      type: object
+      properties: {{account: {{type: string}}, amount: {{type: integer}}}}
+      required: [account, amount]
+      additionalProperties: false
+    provenance:
+      - {{argument: account, from: [user], otherwise: escalate}}
+environment_capabilities: [mail.wire_money]
+agents:
+  - id: assistant
+    capabilities: [mail.wire_money]
+"""
+
+
+class Server:
+    """One ``warden serve`` on ``database`` with the retry policy; every
+    server of a test shares the operator token and the provenance secret,
+    as servers of one deployment do."""
+
+    def __init__(self, d: Path, database: str, operator_token: str, secret: str, name: str):
+        self.stderr_path = d / f"stderr-{name}.log"
+        self.stderr = open(self.stderr_path, "w")
+        env = dict(os.environ, WARDEN_OPERATOR_TOKEN=operator_token,
+                   WARDEN_PROVENANCE_SECRET=secret, WARDEN_LOG="warn")
+        self.proc = subprocess.Popen(
+            [WARDEN_BIN, "serve", "--database", database, "--listen", "127.0.0.1:0",
+             "--policy", str(d / "policy.yaml")],
+            stdout=subprocess.PIPE, stderr=self.stderr, env=env, text=True)
+        self.base = None
+        for line in self.proc.stdout:
+            if line.startswith("listening on "):
+                self.base = line.split(" ", 2)[2].strip()
+                break
+        if self.base is None:
+            self.proc.wait(timeout=30)
+            raise RuntimeError(f"server {name} did not start: " + self.stderr_path.read_text())
+        self.url = self.base + "/mcp"
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=30)
+        self.proc.stdout.close()
+        self.stderr.close()
+        assert code == 0, f"warden serve exited {code}: " + self.stderr_path.read_text()
+
+
+class RetryAfterTimeoutTest(unittest.TestCase):
+    """A call held past ``escalation_wait_ms`` returns a tool error naming
+    its escalation; once the operator approves it through the API, the same
+    call again proceeds once, whichever server it reaches and after a
+    restart, because the held call and its escalation are in the database.
+    The upstream's own log is the proof it ran once."""
+
+    def setUp(self):
+        if not Path(WARDEN_BIN).is_file():
+            raise RuntimeError(f"warden binary not found at {WARDEN_BIN}: run `cargo build -p warden-cli`")
+        self.dir = tempfile.TemporaryDirectory()
+        self.addCleanup(self.dir.cleanup)
+        self.d = Path(self.dir.name)
+        self.log = self.d / "calls.jsonl"
+        self.log.touch()
+        (self.d / "policy.yaml").write_text(RETRY_POLICY.format(
+            python=json.dumps(sys.executable), server=json.dumps(str(HERE / "mail_server.py")),
+            log=json.dumps(str(self.log))))
+        self.operator_token = "op-" + secrets.token_hex(24)
+        self.secret = secrets.token_hex(16)
+        self.servers = []
+
+    def tearDown(self):
+        for s in self.servers:
+            if s.proc.poll() is None:
+                s.stop()
+
+    def server(self, database, name):
+        s = Server(self.d, database, self.operator_token, self.secret, name)
+        self.servers.append(s)
+        return s
+
+    def paid(self, account):
+        return [c for c in (json.loads(x) for x in self.log.read_text().splitlines() if x.strip())
+                if c["tool"] == "wire_money" and c["arguments"]["account"] == account]
+
+    def call(self, server, token, session, arguments):
+        headers = {"Authorization": f"Bearer {token}", "Warden-Session": session}
+
+        async def go():
+            async with httpx.AsyncClient(headers=headers, timeout=60) as http:
+                async with streamable_http_client(server.url, http_client=http) as (read, write, _):
+                    async with ClientSession(read, write) as s:
+                        await s.initialize()
+                        return await s.call_tool("mail.wire_money", arguments)
+
+        return asyncio.run(go())
+
+    def held_then_retried(self, first, second_of):
+        """Hold a call on ``first`` until its wait runs out, approve it,
+        then retry it on ``second_of()`` (called after the approval):
+        proceeds once; a second retry is held afresh."""
+        operator = WardenClient(first.base, self.operator_token)
+        token = operator.issue_token("assistant")["token"]
+        opened = WardenClient(first.base, token).open_session(["Pay this month's invoice"])
+        session = opened["session"]["session_id"] if "session" in opened else opened["session_id"]
+        account = "ACC-" + secrets.token_hex(4)
+        arguments = {"account": account, "amount": 7}
+
+        held = self.call(first, token, session, arguments)
+        self.assertTrue(held.isError)
+        self.assertEqual(held.structuredContent["verdict"], "escalate")
+        escalation = held.structuredContent["escalation_id"]
+        self.assertIn(escalation, text_of(held))
+        self.assertEqual(self.paid(account), [], "nothing ran while held")
+        operator.approve_escalation(escalation)
+
+        second = second_of()
+        retry = self.call(second, token, session, arguments)
+        self.assertFalse(retry.isError, text_of(retry))
+        self.assertEqual(text_of(retry), f"paid 7 to {account}")
+        self.assertEqual(len(self.paid(account)), 1)
+
+        again = self.call(second, token, session, arguments)
+        self.assertTrue(again.isError, "the approval is used once")
+        self.assertEqual(again.structuredContent["verdict"], "escalate")
+        self.assertNotEqual(again.structuredContent["escalation_id"], escalation)
+        self.assertEqual(len(self.paid(account)), 1, "the upstream saw the call exactly once")
+
+        on_second = WardenClient(second.base, self.operator_token)
+        self.assertEqual(on_second.escalation(escalation)["status"], "consumed")
+        state = WardenClient(second.base, token).get_session(session)
+        calls = state["calls"] if "calls" in state else state["session"]["calls"]
+        self.assertEqual([(c["call_id"], c["status"]) for c in calls],
+                         [(held.structuredContent["call_id"], "completed"),
+                          (again.structuredContent["call_id"], "escalated")])
+        self.assertIs(on_second.verify_audit()["valid"], True)
+
+    def test_a_retry_after_a_restart_on_sqlite_proceeds_once(self):
+        database = f"sqlite://{self.d / 'warden.db'}"
+        first = self.server(database, "a")
+
+        def restarted():
+            first.stop()
+            return self.server(database, "a-restarted")
+
+        self.held_then_retried(first, restarted)
+
+    def test_a_retry_on_another_server_on_postgres_proceeds_once(self):
+        base = os.environ.get("WARDEN_TEST_DATABASE_URL", "").strip()
+        if not base:
+            self.skipTest("WARDEN_TEST_DATABASE_URL is not set: two servers need PostgreSQL "
+                          "(a second server on one SQLite file is refused by design)")
+        if shutil.which("psql") is None:
+            self.skipTest("psql is not installed: it creates the test's schema")
+        schema = f"wmcp_{os.getpid()}_{secrets.token_hex(4)}"
+        subprocess.run(["psql", base, "-qc", f'CREATE SCHEMA "{schema}"'], check=True)
+        self.addCleanup(subprocess.run, ["psql", base, "-qc",
+                         f'SET client_min_messages = warning; DROP SCHEMA "{schema}" CASCADE'],
+                        check=True)
+        sep = "&" if "?" in base else "?"
+        database = f"{base}{sep}options=-csearch_path%3D{schema}"
+        first = self.server(database, "a")
+        second = self.server(database, "b")
+        self.held_then_retried(first, lambda: second)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 //! delegation lockdown, calls decided by the session gate before they
 //! reach an upstream, results recorded before they are returned.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -11,9 +11,8 @@ use rmcp::model::{CallToolResult, ContentBlock, Tool};
 use rmcp::{Peer, RoleServer};
 use serde_json::{Map, Value, json};
 use warden::{CallResult, Caller, Engine, EngineError, OpenSession, ProposedCall, SessionOpening};
-use warden_core::canonical::to_canonical;
 use warden_core::decision::{Obligation, Verdict};
-use warden_core::ids::{ActionName, AgentId, CallId, SessionId};
+use warden_core::ids::{ActionName, AgentId, SessionId};
 use warden_core::lockdown::BLOCK_WRITE_TAG;
 use warden_core::mcp::split_action;
 use warden_store::{EscalationStatus, Store};
@@ -22,9 +21,6 @@ use crate::upstream::{ToolCheck, Upstream, UpstreamError};
 
 /// How often a held call looks at its escalation.
 const ESCALATION_POLL: Duration = Duration::from_millis(50);
-
-/// Most timed-out escalated calls remembered for a retry.
-const MAX_HELD: usize = 4096;
 
 /// Counters of one upstream tool.
 #[derive(Debug, Default)]
@@ -43,10 +39,6 @@ pub struct ToolCounters {
 pub struct Gateway<S> {
     engine: Engine<S>,
     upstreams: BTreeMap<String, Arc<Upstream>>,
-    /// Escalated calls that timed out while held, by session and call
-    /// hash: a retry of the same call uses the same call id, so an
-    /// approval made since lets it through once.
-    held: Mutex<HashMap<(SessionId, String), CallId>>,
     counters: Mutex<BTreeMap<(String, String), Arc<ToolCounters>>>,
     listings: AtomicU64,
     /// Connected MCP clients, told when a listing changes.
@@ -130,7 +122,6 @@ impl<S: Store + 'static> Gateway<S> {
         Self {
             engine,
             upstreams,
-            held: Mutex::new(HashMap::new()),
             counters: Mutex::new(BTreeMap::new()),
             listings: AtomicU64::new(0),
             clients: Mutex::new(Vec::new()),
@@ -343,32 +334,17 @@ impl<S: Store + 'static> Gateway<S> {
         }
     }
 
-    fn held_key(session: &SessionId, name: &str, arguments: &Value) -> (SessionId, String) {
-        let canonical = to_canonical(&json!({"action": name, "arguments": arguments}));
-        (
-            session.clone(),
-            warden_core::audit::Digest::of(&canonical).to_hex(),
-        )
-    }
-
-    fn take_held(&self, key: &(SessionId, String)) -> Option<CallId> {
-        self.held.lock().ok().and_then(|mut m| m.remove(key))
-    }
-
-    fn put_held(&self, key: (SessionId, String), call: CallId) {
-        if let Ok(mut m) = self.held.lock() {
-            if m.len() >= MAX_HELD {
-                m.clear();
-            }
-            m.insert(key, call);
-        }
-    }
-
     /// `tools/call` of `name` by `agent` in `session`: decided by the
     /// session gate; forwarded only when allowed (or approved while
     /// held); the result recorded before it is returned. Errors are the
     /// engine's (malformed input, an unknown session or one of another
     /// agent); every decided call is an MCP result.
+    ///
+    /// A call comes without a call id: after a hold that timed out, the
+    /// engine finds the session's held call of the same request whose
+    /// escalation was approved since (in the store, so on any server and
+    /// after a restart) and uses that approval once. The gateway keeps no
+    /// state of its own for it.
     pub async fn call_tool(
         &self,
         agent: &AgentId,
@@ -381,12 +357,10 @@ impl<S: Store + 'static> Gateway<S> {
         let args = Value::Object(arguments.clone());
         let (server, tool) = split_action(name).unwrap_or(("", name));
         let counters = self.counters_of(server, tool);
-        let key = Self::held_key(session, name, &args);
-        let call_id = self.take_held(&key);
         let proposed = ProposedCall {
-            call_id,
+            call_id: None,
             action: name.to_owned(),
-            arguments: args.clone(),
+            arguments: args,
         };
         let mut answer = self
             .engine
@@ -400,11 +374,15 @@ impl<S: Store + 'static> Gateway<S> {
                 .map_or(0, |u| u.config().escalation_wait_ms);
             match self.wait_for_review(&escalation, wait).await? {
                 Review::Approved => {
-                    let again = ProposedCall {
-                        call_id: Some(answer.call.call_id.clone()),
-                        ..proposed
-                    };
-                    answer = self.engine.session_call(&caller, session, again).await?;
+                    // Asked again without a call id, so that the approval
+                    // is used by the compare-and-set every retry goes
+                    // through: if a retry on another server used it first,
+                    // this call escalates afresh instead of proceeding too.
+                    answer = self.engine.session_call(&caller, session, proposed).await?;
+                    if answer.decision.verdict == Verdict::Escalate {
+                        counters.escalated.fetch_add(1, Ordering::Relaxed);
+                        return Ok(held_error(&answer));
+                    }
                 }
                 Review::Rejected(why) => {
                     counters.denied.fetch_add(1, Ordering::Relaxed);
@@ -416,15 +394,7 @@ impl<S: Store + 'static> Gateway<S> {
                 }
                 Review::Pending => {
                     counters.escalated.fetch_add(1, Ordering::Relaxed);
-                    self.put_held(key, answer.call.call_id.clone());
-                    return Ok(tool_error(
-                        format!(
-                            "held for review: escalation {escalation} ({}); retry the same call once it is approved",
-                            answer.decision.reason
-                        ),
-                        json!({"verdict": "escalate", "reason": answer.decision.reason.to_string(),
-                               "escalation_id": escalation, "call_id": answer.call.call_id}),
-                    ));
+                    return Ok(held_error(&answer));
                 }
             }
         }
@@ -582,6 +552,20 @@ impl<S: Store + 'static> Gateway<S> {
             tokio::time::sleep(ESCALATION_POLL).await;
         }
     }
+}
+
+/// The tool error of a call held for review past its wait: it names the
+/// escalation, and a retry of the same call once it is approved proceeds.
+fn held_error(answer: &warden::CallAnswer) -> CallToolResult {
+    let escalation = answer.call.escalation_id.clone().unwrap_or_default();
+    tool_error(
+        format!(
+            "held for review: escalation {escalation} ({}); retry the same call once it is approved",
+            answer.decision.reason
+        ),
+        json!({"verdict": "escalate", "reason": answer.decision.reason.to_string(),
+               "escalation_id": escalation, "call_id": answer.call.call_id}),
+    )
 }
 
 enum Review {

@@ -31,9 +31,10 @@
 //! Resources and prompts are not offered: the server declares only the
 //! tools capability, and `resources/*` and `prompts/*` answer
 //! method-not-found. A `constrain` verdict's obligations are enforced on
-//! forwarded calls as [`gateway`] describes (fail closed). The call id a
-//! retry after a timed-out escalation reuses is remembered in the process
-//! only (bounded); after a restart the retry opens a new escalation.
+//! forwarded calls as [`gateway`] describes (fail closed). A retry of a
+//! call whose hold timed out proceeds once after approval whichever server
+//! it reaches, and after a restart: the engine finds the held call and its
+//! approval in the store; the gateway keeps nothing of it.
 
 pub mod bridge;
 pub mod gateway;

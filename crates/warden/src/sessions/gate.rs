@@ -9,9 +9,18 @@
 //! with the call in one compare-and-set of the session.
 //!
 //! An escalated call is held for review (an escalation whose target is the
-//! call); the same call again after approval proceeds once.
+//! call); the same call again after approval proceeds once. "The same call"
+//! is the same call id, or, for a call that comes without one, the
+//! session's escalated call of the same request (action and arguments, by
+//! digest) whose escalation is approved and not yet used: a retry after a
+//! hold timed out, on any server and after a restart, since both the call
+//! and its escalation are stored. The call takes that call's id and
+//! consumes its approval by compare-and-set in the store, so of retries
+//! racing for one approval exactly one proceeds; the others are new calls
+//! and escalate afresh.
 
 use serde_json::{Value, json};
+use warden_core::audit::Digest;
 use warden_core::envelope::{ContextDecision, Envelope, Sensitivity};
 use warden_core::gate::{Assessment, GateCall, GateContext, PlanUse, Verdicts, assess};
 use warden_core::ids::{ActionName, AgentId, CallId, SessionId};
@@ -40,6 +49,25 @@ pub struct ProposedCall {
     pub action: String,
     /// Its arguments (a JSON object).
     pub arguments: Value,
+}
+
+/// Whether a call without a call id may still take up an approved held
+/// call of the same request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// It may: nothing looked up yet.
+    Possible,
+    /// It took one up (its id is now the held call's).
+    Adopted,
+    /// It may not: it came with a call id, found none, or lost the held
+    /// call to another retry.
+    Lost,
+}
+
+impl Retry {
+    fn new(fresh: bool) -> Self {
+        if fresh { Retry::Possible } else { Retry::Lost }
+    }
 }
 
 /// The answer form of what the envelope decided about a call.
@@ -83,17 +111,35 @@ impl<S: Store> Engine<S> {
                 format!("{size} bytes is over the limit of {MAX_ARGUMENT_BYTES}"),
             ));
         }
-        let call_id = match call.call_id.clone() {
+        // `fresh`: the engine chose the id, so no escalation can name it;
+        // such a call may take up an approved held call of the same
+        // request (`retry`), once.
+        let fresh = call.call_id.is_none();
+        let mut call_id = match call.call_id.clone() {
             Some(id) => id,
             None => Self::new_call_id()?,
         };
+        let mut retry = Retry::new(fresh);
         let hash = digest_of(&json!({"action": call.action, "arguments": call.arguments}));
-        let resource = format!("{session_id}:{call_id}");
+        let mut resource = format!("{session_id}:{call_id}");
         let mut approved = false;
         for _ in 0..MAX_SESSION_ATTEMPTS {
             let now = self.now();
             let (state, cached) = self.head_for_call(caller, session_id, &call_id).await?;
             let existing = state.call.clone();
+            if retry == Retry::Adopted
+                && existing
+                    .as_ref()
+                    .is_some_and(|c| c.arguments_hash != hash || c.status != CallStatus::Escalated)
+            {
+                // Another retry took the held call first (or it is not the
+                // call its escalation named): this one is a new call.
+                call_id = Self::new_call_id()?;
+                resource = format!("{session_id}:{call_id}");
+                retry = Retry::Lost;
+                approved = false;
+                continue;
+            }
             if let Some(existing) = &existing {
                 if existing.arguments_hash != hash {
                     return Err(EngineError::Conflict {
@@ -148,8 +194,20 @@ impl<S: Store> Engine<S> {
                 request_digest: Some(hash),
             };
             let mut escalation_id = None;
+            if a.verdict == Verdict::Escalate && retry == Retry::Possible {
+                if let Some(held) = self.approved_held_call(session_id, hash).await? {
+                    call_id = held;
+                    resource = format!("{session_id}:{call_id}");
+                    retry = Retry::Adopted;
+                    continue;
+                }
+                retry = Retry::Lost;
+            }
             if a.verdict == Verdict::Escalate {
-                if !approved {
+                // An id the engine chose names no escalation: nothing to
+                // consume unless it is a held call's.
+                let may_consume = !fresh || retry == Retry::Adopted;
+                if !approved && may_consume {
                     let d = self.decision(
                         caller,
                         Verdict::Allow,
@@ -161,6 +219,13 @@ impl<S: Store> Engine<S> {
                     approved = self
                         .consume_approval(target.clone(), &d, json!({"call_id": call_id}), now)
                         .await?;
+                    if !approved && retry == Retry::Adopted {
+                        // Another retry used the approval: a new call.
+                        call_id = Self::new_call_id()?;
+                        resource = format!("{session_id}:{call_id}");
+                        retry = Retry::Lost;
+                        continue;
+                    }
                 }
                 if approved {
                     a.verdict = if a.obligations.is_empty() {
@@ -278,6 +343,28 @@ impl<S: Store> Engine<S> {
             kind: ConflictKind::SessionContention,
             id: session_id.to_string(),
         })
+    }
+
+    /// The session's held call of the request `digest` whose escalation is
+    /// approved and not yet used (the oldest, if several), from the store.
+    async fn approved_held_call(
+        &self,
+        session_id: &SessionId,
+        digest: Digest,
+    ) -> Result<Option<CallId>, EngineError> {
+        let approved = self
+            .inner
+            .store
+            .list_escalations(Some(EscalationStatus::Approved))
+            .await?;
+        Ok(approved.into_iter().find_map(|e| match e.target {
+            EscalationTarget::Call {
+                session_id: s,
+                call_id,
+                request_digest: Some(d),
+            } if s == *session_id && d == digest => Some(call_id),
+            _ => None,
+        }))
     }
 
     /// The recorded answer to a repeated call, with the replay recorded.

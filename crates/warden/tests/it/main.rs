@@ -24,5 +24,6 @@ mod session_memory;
 mod session_plans;
 mod session_properties;
 mod session_restrictions;
+mod session_retries;
 mod sessions;
 mod support;
