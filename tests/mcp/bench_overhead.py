@@ -8,6 +8,8 @@
   result recorded),
 - through ``warden mcp`` (the stdio entry point, relaying each message to
   that ``/mcp``),
+- through ``/mcp`` to the same server over streamable HTTP (an upstream
+  declared with ``url:``),
 
 each by two clients: the official SDK's client (``sdk``), and a minimal
 client (``raw``: JSON-RPC lines on stdio, one keep-alive HTTP connection
@@ -63,12 +65,15 @@ POLICY = """
 policy_version: mcp-bench
 mcp_servers:
   mail: {{command: [{python}, {server}], env: {{CALL_LOG: {log}}}, trust: untrusted}}
+  web: {{url: {web_url}, trust: untrusted}}
 actions:
   mail.read_inbox:
     arguments: {{type: object, properties: {{}}, additionalProperties: false}}
-environment_capabilities: [mail.read_inbox]
+  web.read_inbox:
+    arguments: {{type: object, properties: {{}}, additionalProperties: false}}
+environment_capabilities: [mail.read_inbox, web.read_inbox]
 agents:
-  - {{id: bench, capabilities: [mail.read_inbox]}}
+  - {{id: bench, capabilities: [mail.read_inbox, web.read_inbox]}}
 """
 
 WARMUP = 20
@@ -232,7 +237,8 @@ TIMING = re.compile(r"gate_us=(\d+) upstream_us=(\d+) record_us=(\d+)")
 
 ROWS = ("sdk  direct stdio", "raw  direct stdio", "sdk  direct streamable HTTP",
         "raw  direct streamable HTTP", "sdk  through warden /mcp", "raw  through warden /mcp",
-        "sdk  through warden mcp (stdio)", "raw  through warden mcp (stdio)")
+        "sdk  through warden mcp (stdio)", "raw  through warden mcp (stdio)",
+        "sdk  through warden /mcp to HTTP upstream", "raw  through warden /mcp to HTTP upstream")
 SHARES = ("decide (session gate, stored)", "upstream round trip (stdio)",
           "record the result (stored)")
 
@@ -245,10 +251,11 @@ def one_run(args):
     with tempfile.TemporaryDirectory() as d:
         log = str(Path(d) / "calls.jsonl")
         env = {"CALL_LOG": log, "PATH": os.environ.get("PATH", "")}
+        upstream, upstream_url = http_upstream(env)
         policy = Path(d) / "policy.yaml"
         policy.write_text(POLICY.format(python=json.dumps(sys.executable),
                                         server=json.dumps(str(HERE / "mail_server.py")),
-                                        log=json.dumps(log)))
+                                        log=json.dumps(log), web_url=json.dumps(upstream_url)))
         database = args.database.replace("TMP", d)
         op = "op-" + secrets.token_hex(24)
         err_path = Path(d) / "warden.log"
@@ -259,7 +266,6 @@ def one_run(args):
                 stdout=subprocess.PIPE, stderr=err, text=True,
                 env=dict(os.environ, WARDEN_OPERATOR_TOKEN=op,
                          WARDEN_LOG="error,warden_mcp::timing=debug", NO_COLOR="1"))
-        upstream, upstream_url = http_upstream(env)
         try:
             base = None
             for line in proc.stdout:
@@ -281,13 +287,16 @@ def one_run(args):
             rows[ROWS[5]] = raw_http(n, mcp_url, "mail.read_inbox", token)
             rows[ROWS[6]] = asyncio.run(sdk_stdio(n, bridge_env, bridge, "mail.read_inbox"))
             rows[ROWS[7]] = raw_stdio(n, bridge_env, bridge, "mail.read_inbox")
+            stdio_timed = len(TIMING.findall(err_path.read_text()))
+            rows[ROWS[8]] = asyncio.run(sdk_http(n, mcp_url, "web.read_inbox", token))
+            rows[ROWS[9]] = raw_http(n, mcp_url, "web.read_inbox", token)
         finally:
             upstream.kill()
             upstream.wait(timeout=30)
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=30)
         text = err_path.read_text()
-        timings = TIMING.findall(text)[before:]
+        timings = TIMING.findall(text)[before:stdio_timed]
         if not timings:
             print("no timings in the server's log; its end:\n" + text[-2000:])
     return rows, timings
@@ -314,6 +323,10 @@ def summarise(rows, timings):
             g = out[f"{client}  through warden {via}"]
             out[f"{client}  overhead (warden {via} - direct stdio)"] = (
                 g[0] - direct[0], g[1] - direct[1])
+        direct = out[f"{client}  direct streamable HTTP"]
+        g = out[f"{client}  through warden /mcp to HTTP upstream"]
+        out[f"{client}  overhead (warden /mcp to HTTP - direct HTTP)"] = (
+            g[0] - direct[0], g[1] - direct[1])
     for i, name in enumerate(SHARES):
         us = [int(t[i]) for t in timings]
         if us:
