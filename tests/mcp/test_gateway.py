@@ -345,11 +345,13 @@ class GatewayTest(unittest.TestCase):
 
     def review_in_background(self, decisions):
         """Resolve pending escalations in order: ``decisions`` is a list of
-        ``"approve"`` or a rejection reason."""
+        ``"approve"`` or a rejection reason. Escalations already pending
+        (left by another test) are not this test's and are left alone."""
         done = []
+        earlier = {e["escalation_id"] for e in self.operator.escalations("pending")}
 
         def run():
-            seen = set()
+            seen = set(earlier)
             deadline = time.time() + 30
             while decisions and time.time() < deadline:
                 for e in self.operator.escalations("pending"):
