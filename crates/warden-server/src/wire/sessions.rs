@@ -41,7 +41,10 @@ pub struct OpenSessionRequest {
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionCallRequest {
-    /// Idempotency key (generated when absent).
+    /// Idempotency key. When absent, a call whose action and arguments
+    /// equal those of this session's approved held call (an escalation
+    /// approved and not yet used) takes up that call, once; otherwise an
+    /// id is generated.
     #[serde(default)]
     pub call_id: Option<CallId>,
     /// The action (tool) name.

@@ -43,7 +43,9 @@ use crate::error::{ConflictKind, EngineError};
 /// A call an agent proposes.
 #[derive(Debug, Clone)]
 pub struct ProposedCall {
-    /// The call id (an idempotency key); generated when absent.
+    /// The call id (an idempotency key). When absent, a call with the
+    /// same action and arguments as the session's approved, unused held
+    /// call takes up that call (once); otherwise an id is generated.
     pub call_id: Option<CallId>,
     /// The action, as the agent named it.
     pub action: String,
