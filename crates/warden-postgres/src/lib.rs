@@ -226,6 +226,7 @@ mod sql;
 mod store;
 mod store_impl;
 mod tx;
+mod writer;
 
 pub mod changes;
 pub mod verify;

@@ -90,8 +90,22 @@ impl Conn {
         }
     }
 
-    /// Whether the connection may be handed out again.
-    fn is_usable(&self) -> bool {
+    /// Open a connection from `config` and run `setup` on it (the writer's
+    /// dedicated connection; the pool opens its own the same way).
+    pub(crate) async fn open(config: &Config, setup: &str) -> Result<Self, StoreError> {
+        let (client, driver) = connect_driven(config).await?;
+        let mut conn = Conn::driven(client, driver);
+        // Dropped half-way (the caller gave up), the connection is broken.
+        let done = conn.stmts.exchange(conn.client.batch_execute(setup)).await;
+        if let Err(e) = done {
+            discard(conn);
+            return Err(e);
+        }
+        Ok(conn)
+    }
+
+    /// Whether the connection may be used again.
+    pub(crate) fn is_usable(&self) -> bool {
         !self.stmts.in_flight && !self.client.is_closed()
     }
 
@@ -179,6 +193,36 @@ impl Tx<'_> {
     pub(crate) async fn commit(self) -> Result<(), StoreError> {
         self.stmts.exchange(self.tx.commit()).await
     }
+
+    /// Run a simple statement without parameters (savepoints).
+    pub(crate) async fn simple(&mut self, sql: &'static str) -> Result<(), StoreError> {
+        self.stmts.exchange(self.tx.batch_execute(sql)).await
+    }
+
+    /// Execute `sql` and commit, pipelined: both are sent before either
+    /// answer is awaited, so the pair costs one round trip. `Ok` only when
+    /// both succeeded (a failed statement makes PostgreSQL answer the
+    /// `COMMIT` with a rollback, which is reported as the statement's
+    /// error) and the commit is durable, as for [`Tx::commit`].
+    pub(crate) async fn execute_and_commit(
+        self,
+        sql: &'static str,
+        params: Params<'_>,
+    ) -> Result<u64, StoreError> {
+        let Tx { tx, stmts } = self;
+        let stmt = stmts.get(&tx, sql).await?;
+        stmts.in_flight = true;
+        let (executed, committed) =
+            tokio::join!(tx.execute(&stmt, params), tx.batch_execute("COMMIT"));
+        stmts.in_flight = false;
+        // The `COMMIT` above ended the transaction either way; the
+        // handle's drop would send a needless `ROLLBACK`. It owns no
+        // memory of its own (a borrow of the client and no savepoint name).
+        std::mem::forget(tx);
+        let n = executed.db()?;
+        committed.db()?;
+        Ok(n)
+    }
 }
 
 /// The pool.
@@ -212,11 +256,6 @@ impl Pooled<'_> {
     ) -> Result<Vec<Row>, StoreError> {
         self.conn()?.query(sql, params).await
     }
-
-    /// [`Conn::begin`] on the pooled connection.
-    pub(crate) async fn begin(&mut self) -> Result<Tx<'_>, StoreError> {
-        self.conn()?.begin().await
-    }
 }
 
 impl Drop for Pooled<'_> {
@@ -232,7 +271,7 @@ impl Drop for Pooled<'_> {
 }
 
 /// Close a broken connection now.
-fn discard(conn: Conn) {
+pub(crate) fn discard(conn: Conn) {
     if let Some(driver) = &conn.driver {
         driver.abort();
     }
@@ -292,18 +331,7 @@ impl Pool {
     }
 
     async fn open(&self) -> Result<Conn, StoreError> {
-        let (client, driver) = connect_driven(&self.config).await?;
-        let mut conn = Conn::driven(client, driver);
-        // Dropped half-way (the caller gave up), the connection is broken.
-        let setup = conn
-            .stmts
-            .exchange(conn.client.batch_execute(&self.setup))
-            .await;
-        if let Err(e) = setup {
-            discard(conn);
-            return Err(e);
-        }
-        Ok(conn)
+        Conn::open(&self.config, &self.setup).await
     }
 }
 

@@ -13,6 +13,7 @@ use crate::error::DbResult;
 use crate::pool::{self, Pool};
 use crate::schema::{self, quote_ident};
 use crate::sql;
+use crate::writer::{WriterConfig, Writers};
 
 /// How a [`PgStore`] connects. [`PgOptions::default`] is what
 /// [`PgStore::connect`] uses.
@@ -34,6 +35,16 @@ pub struct PgOptions {
     /// How long an operation waits on a database it cannot reach before it
     /// fails [`StoreError::Unavailable`].
     pub timeouts: PgTimeouts,
+    /// How many group-commit writers the store runs, each with a dedicated
+    /// connection of its own (besides the pool): every appending operation
+    /// is queued to one of them and committed with the others queued there,
+    /// in one transaction and one acquisition of the audit head lock.
+    pub writers: usize,
+    /// Most operations one writer commits in one transaction. Each one that
+    /// runs statements takes a savepoint; PostgreSQL keeps up to 64
+    /// subtransactions per transaction in shared memory, past which other
+    /// sessions' snapshots get slower, hence the default of 64.
+    pub max_batch: usize,
 }
 
 impl Default for PgOptions {
@@ -43,6 +54,8 @@ impl Default for PgOptions {
             pool_size: 8,
             listen_heartbeat: Duration::from_secs(10),
             timeouts: PgTimeouts::default(),
+            writers: 2,
+            max_batch: 64,
         }
     }
 }
@@ -96,6 +109,8 @@ pub fn is_postgres_url(url: &str) -> bool {
 
 pub(crate) struct Inner {
     pub(crate) pool: Pool,
+    /// The group-commit writers every appending operation goes through.
+    pub(crate) writers: Writers,
     /// Config for extra connections (the change listener).
     pub(crate) config: Config,
     /// SQL run on every new connection.
@@ -192,12 +207,23 @@ impl PgStore {
         schema::migrate(&mut first, &schema, create).await?;
         let pool = Pool::new(config.clone(), setup.clone(), options.pool_size);
         pool.adopt((first, first_driver));
+        let channel = channel_for(&schema);
+        let writers = Writers::spawn(
+            options.writers,
+            WriterConfig {
+                config: config.clone(),
+                setup: setup.clone(),
+                channel: channel.clone(),
+                max_batch: options.max_batch,
+            },
+        );
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
+                writers,
                 config,
                 setup,
-                channel: channel_for(&schema),
+                channel,
                 schema,
                 options,
             }),

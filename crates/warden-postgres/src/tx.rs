@@ -1,5 +1,5 @@
-//! The end of every writing transaction: the audit append under the head
-//! lock, the change record, the commit; and helpers the operations share.
+//! The end of every group transaction: the audit append under the head
+//! lock, the change records, the commit; and helpers the operations share.
 
 use warden_core::audit::{AuditDraft, ChainHead};
 use warden_core::ids::{AgentId, Key, Namespace};
@@ -35,50 +35,56 @@ pub(crate) struct ChangeRec {
 }
 
 impl Tx<'_> {
-    /// Append `drafts` and record `change` under the head lock, then
-    /// commit. Returns the head after the append.
+    /// The end of a writer's group transaction: take the head row lock,
+    /// record `changes` in order, seal `drafts` after the head and insert
+    /// them with the new head, and commit (the insert and the `COMMIT`
+    /// pipelined). Returns the head before the append and the head after
+    /// each draft, in order.
     ///
-    /// The head row lock is taken last, after the transaction's own
-    /// changes, so it is held only for the append and the commit.
-    pub(crate) async fn finish(
+    /// The head row lock is taken last, after every job's own statements,
+    /// so it is held only for the lock itself, the changes (rare: agent and
+    /// token changes), one pipelined round trip and the commit flush.
+    pub(crate) async fn seal_and_commit(
         mut self,
         drafts: Vec<AuditDraft>,
-        change: Option<ChangeRec>,
+        changes: Vec<ChangeRec>,
         channel: &str,
-    ) -> Result<ChainHead, StoreError> {
-        if drafts.is_empty() && change.is_none() {
+    ) -> Result<(ChainHead, Vec<ChainHead>), StoreError> {
+        if drafts.is_empty() && changes.is_empty() {
             let head = self
                 .query_opt(sql::HEAD, &[])
                 .await?
                 .ok_or_else(missing_head)
                 .and_then(|r| head_out(&r))?;
             self.commit().await?;
-            return Ok(head);
+            return Ok((head, Vec::new()));
         }
         let row = self
             .query_opt(sql::LOCK_HEAD, &[])
             .await?
             .ok_or_else(missing_head)?;
-        let mut head = head_out(&row)?;
-        if !drafts.is_empty() {
-            head = self.append(head, drafts).await?;
-        }
-        if let Some(change) = change {
+        let head = head_out(&row)?;
+        for change in changes {
             let ids: Vec<String> = change.ids.iter().map(|s| text_in(s).into_owned()).collect();
             self.query(sql::RECORD_CHANGE, &[&change.kind.as_str(), &ids, &channel])
                 .await?;
         }
-        self.commit().await?;
-        Ok(head)
+        if drafts.is_empty() {
+            self.commit().await?;
+            return Ok((head, Vec::new()));
+        }
+        let heads = self.append_and_commit(head, drafts).await?;
+        Ok((head, heads))
     }
 
-    /// Seal `drafts` after `head` (whose row lock this transaction holds)
-    /// and insert them with the new head in one statement.
-    async fn append(
-        &mut self,
+    /// Seal `drafts` after `head` (whose row lock this transaction holds),
+    /// insert them with the new head in one statement and commit; returns
+    /// the head after each draft.
+    async fn append_and_commit(
+        self,
         head: ChainHead,
         drafts: Vec<AuditDraft>,
-    ) -> Result<ChainHead, StoreError> {
+    ) -> Result<Vec<ChainHead>, StoreError> {
         let n = drafts.len();
         let mut seqs = Vec::with_capacity(n);
         let mut times = Vec::with_capacity(n);
@@ -91,6 +97,7 @@ impl Tx<'_> {
         let mut details = Vec::with_capacity(n);
         let mut prevs: Vec<Vec<u8>> = Vec::with_capacity(n);
         let mut hashes: Vec<Vec<u8>> = Vec::with_capacity(n);
+        let mut heads = Vec::with_capacity(n);
         let mut next = head;
         for draft in drafts {
             let seq = next.seq.checked_add(1).ok_or_else(|| {
@@ -113,10 +120,11 @@ impl Tx<'_> {
                 seq: entry.seq,
                 hash: entry.hash,
             };
+            heads.push(next);
         }
         let head_seq = u64_in(next.seq, "audit sequence number")?;
         let head_hash = next.hash.0.to_vec();
-        self.execute(
+        self.execute_and_commit(
             sql::APPEND,
             &[
                 &seqs,
@@ -135,7 +143,7 @@ impl Tx<'_> {
             ],
         )
         .await?;
-        Ok(next)
+        Ok(heads)
     }
 }
 
