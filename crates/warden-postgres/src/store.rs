@@ -10,7 +10,7 @@ use warden_store::{StoreError, StoredAgent};
 
 use crate::codec::agent_out;
 use crate::error::DbResult;
-use crate::pool::{self, Pool};
+use crate::pool::{self, Pool, Readers};
 use crate::schema::{self, quote_ident};
 use crate::sql;
 use crate::writer::{WriterConfig, Writers};
@@ -45,6 +45,10 @@ pub struct PgOptions {
     /// subtransactions per transaction in shared memory, past which other
     /// sessions' snapshots get slower, hence the default of 64.
     pub max_batch: usize,
+    /// How many connections single-statement reads (tokens, records, the
+    /// audit log and head, envelopes, escalations) share, pipelined, besides
+    /// the pool (which serves the reads of several statements).
+    pub readers: usize,
 }
 
 impl Default for PgOptions {
@@ -56,6 +60,7 @@ impl Default for PgOptions {
             timeouts: PgTimeouts::default(),
             writers: 2,
             max_batch: 64,
+            readers: 4,
         }
     }
 }
@@ -109,6 +114,8 @@ pub fn is_postgres_url(url: &str) -> bool {
 
 pub(crate) struct Inner {
     pub(crate) pool: Pool,
+    /// The shared connections of single-statement reads.
+    pub(crate) readers: Readers,
     /// The group-commit writers every appending operation goes through.
     pub(crate) writers: Writers,
     /// Config for extra connections (the change listener).
@@ -217,9 +224,11 @@ impl PgStore {
                 max_batch: options.max_batch,
             },
         );
+        let readers = Readers::new(config.clone(), setup.clone(), options.readers);
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
+                readers,
                 writers,
                 config,
                 setup,
@@ -252,15 +261,20 @@ impl PgStore {
             .collect()
     }
 
-    /// Run one read statement on a pooled connection and decode its rows.
+    /// Run one read statement on a shared connection and decode its rows.
     pub(crate) async fn read<R>(
         &self,
         sql: &'static str,
         params: pool::Params<'_>,
         f: impl Fn(&tokio_postgres::Row) -> Result<R, StoreError>,
     ) -> Result<Vec<R>, StoreError> {
-        let mut conn = self.inner.pool.get().await?;
-        conn.query(sql, params).await?.iter().map(f).collect()
+        self.inner
+            .readers
+            .query(sql, params)
+            .await?
+            .iter()
+            .map(f)
+            .collect()
     }
 }
 

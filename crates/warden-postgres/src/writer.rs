@@ -91,6 +91,9 @@ trait Job: Send {
     ) -> Pin<Box<dyn Future<Output = Ran> + Send + 'a>>;
     /// Answer without running.
     fn fail(self: Box<Self>, err: StoreError);
+    /// For a job that runs no statement: its effects and answer, without
+    /// a transaction. Any other job is handed back.
+    fn audit_only(self: Box<Self>) -> Result<Ran, Box<dyn Job>>;
 }
 
 type Reply<R> = oneshot::Sender<Result<(R, ChainHead), StoreError>>;
@@ -120,8 +123,46 @@ impl<R: Send> Answer for Pending<R> {
 
 struct Op<F, R> {
     f: F,
-    statements: bool,
     reply: Reply<R>,
+}
+
+/// A job that only appends audit entries.
+struct AuditOnly {
+    drafts: Vec<AuditDraft>,
+    reply: Reply<()>,
+}
+
+impl AuditOnly {
+    fn ran(self) -> Ran {
+        Ran {
+            effects: Some((self.drafts, None)),
+            answer: Box::new(Pending {
+                result: Ok(()),
+                reply: self.reply,
+            }),
+        }
+    }
+}
+
+impl Job for AuditOnly {
+    fn statements(&self) -> bool {
+        false
+    }
+
+    fn run<'a>(
+        self: Box<Self>,
+        _: &'a mut Tx<'_>,
+    ) -> Pin<Box<dyn Future<Output = Ran> + Send + 'a>> {
+        Box::pin(std::future::ready(self.ran()))
+    }
+
+    fn fail(self: Box<Self>, err: StoreError) {
+        let _ = self.reply.send(Err(err));
+    }
+
+    fn audit_only(self: Box<Self>) -> Result<Ran, Box<dyn Job>> {
+        Ok(self.ran())
+    }
 }
 
 impl<F, R> Job for Op<F, R>
@@ -130,7 +171,7 @@ where
     R: Send + 'static,
 {
     fn statements(&self) -> bool {
-        self.statements
+        true
     }
 
     fn run<'a>(
@@ -160,6 +201,10 @@ where
 
     fn fail(self: Box<Self>, err: StoreError) {
         let _ = self.reply.send(Err(err));
+    }
+
+    fn audit_only(self: Box<Self>) -> Result<Ran, Box<dyn Job>> {
+        Err(self)
     }
 }
 
@@ -195,7 +240,7 @@ impl Writers {
         }
     }
 
-    fn sender(&self, route: Route<'_>) -> &mpsc::UnboundedSender<Box<dyn Job>> {
+    fn sender(&self, route: Route<'_>) -> Option<&mpsc::UnboundedSender<Box<dyn Job>>> {
         let n = self.senders.len();
         let i = match route {
             Route::Any => self.next.fetch_add(1, Ordering::Relaxed) % n,
@@ -206,28 +251,20 @@ impl Writers {
                 (h.finish() % n as u64) as usize
             }
         };
-        &self.senders[i]
+        self.senders.get(i)
     }
 
-    async fn submit<R, F>(
+    async fn submit<R: Send + 'static>(
         &self,
         route: Route<'_>,
-        statements: bool,
-        f: F,
-    ) -> Result<(R, ChainHead), StoreError>
-    where
-        F: for<'a, 'c> FnOnce(&'a mut Tx<'c>) -> JobFuture<'a, R> + Send + 'static,
-        R: Send + 'static,
-    {
-        let (reply, answer) = oneshot::channel();
-        let job: Box<dyn Job> = Box::new(Op {
-            f,
-            statements,
-            reply,
-        });
+        job: Box<dyn Job>,
+        answer: oneshot::Receiver<Result<(R, ChainHead), StoreError>>,
+    ) -> Result<(R, ChainHead), StoreError> {
+        let stopped = || StoreError::backend("the postgres writer has stopped");
         self.sender(route)
+            .ok_or_else(stopped)?
             .send(job)
-            .map_err(|_| StoreError::backend("the postgres writer has stopped"))?;
+            .map_err(|_| stopped())?;
         answer.await.map_err(|_| {
             StoreError::backend(
                 "a storage job panicked or its writer stopped; its group was rolled back",
@@ -242,16 +279,19 @@ impl Writers {
         F: for<'a, 'c> FnOnce(&'a mut Tx<'c>) -> JobFuture<'a, R> + Send + 'static,
         R: Send + 'static,
     {
-        Ok(self.submit(route, true, f).await?.0)
+        let (reply, answer) = oneshot::channel();
+        Ok(self
+            .submit(route, Box::new(Op { f, reply }), answer)
+            .await?
+            .0)
     }
 
     /// Append `drafts` (no statement of their own) with the next group;
     /// returns the head after them.
     pub(crate) async fn append(&self, drafts: Vec<AuditDraft>) -> Result<ChainHead, StoreError> {
+        let (reply, answer) = oneshot::channel();
         let (_, head) = self
-            .submit(Route::Any, false, move |_| {
-                Box::pin(async move { Ok(Done::new((), drafts, None)) })
-            })
+            .submit(Route::Any, Box::new(AuditOnly { drafts, reply }), answer)
             .await?;
         Ok(head)
     }
@@ -308,6 +348,9 @@ async fn commit_group(mut conn: Conn, jobs: Vec<Box<dyn Job>>, channel: &str) ->
 }
 
 async fn run_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>, channel: &str) {
+    if jobs.iter().all(|j| !j.statements()) {
+        return audit_group(conn, jobs).await;
+    }
     let mut tx = match conn.begin().await {
         Ok(tx) => tx,
         Err(e) => {
@@ -322,14 +365,16 @@ async fn run_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>, channel: &str) {
     let mut drafts = Vec::new();
     let mut changes = Vec::new();
     let mut broken: Option<StoreError> = None;
+    let mut lost: Option<Arc<StoreError>> = None;
     let mut queue = jobs.into_iter();
     for job in queue.by_ref() {
         let savepoint = job.statements();
         if savepoint && let Err(e) = tx.simple("SAVEPOINT job").await {
-            job.fail(StoreError::backend(format!(
-                "the write transaction was lost before this write: {e}"
-            )));
-            broken = Some(e);
+            // The transaction is lost: this job and the rest are answered
+            // with its error (the queue below), keeping its kind.
+            let e = Arc::new(e);
+            job.fail(StoreError::fan_out(&e));
+            lost = Some(e);
             break;
         }
         let ran = job.run(&mut tx).await;
@@ -350,19 +395,26 @@ async fn run_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>, channel: &str) {
             break;
         }
     }
-    let outcome = match broken {
-        Some(e) => {
+    let outcome = match (lost, broken) {
+        (Some(e), _) => {
+            drop(tx);
+            Err(e)
+        }
+        (None, Some(e)) => {
             drop(tx);
             Err(Arc::new(e))
         }
-        None => tx
+        (None, None) => tx
             .seal_and_commit(drafts, changes, channel)
             .await
             .map_err(Arc::new),
     };
     for (answer, end) in answers {
         answer.send(match &outcome {
-            Ok((base, heads)) => Ok(end.checked_sub(1).map_or(*base, |i| heads[i])),
+            Ok((base, heads)) => Ok(end
+                .checked_sub(1)
+                .and_then(|i| heads.get(i).copied())
+                .unwrap_or(*base)),
             Err(e) => Err(e),
         });
     }
@@ -370,5 +422,32 @@ async fn run_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>, channel: &str) {
         for job in queue {
             job.fail(StoreError::fan_out(e));
         }
+    }
+}
+
+/// A group of audit-only jobs: three messages, two round trips.
+async fn audit_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>) {
+    let mut answers = Vec::with_capacity(jobs.len());
+    let mut drafts = Vec::new();
+    for job in jobs {
+        match job.audit_only() {
+            Ok(ran) => {
+                if let Some((d, _)) = ran.effects {
+                    drafts.extend(d);
+                }
+                answers.push((ran.answer, drafts.len()));
+            }
+            Err(job) => job.fail(StoreError::backend("a write was queued as an audit record")),
+        }
+    }
+    let outcome = crate::tx::append_only(conn, drafts).await.map_err(Arc::new);
+    for (answer, end) in answers {
+        answer.send(match &outcome {
+            Ok((base, heads)) => Ok(end
+                .checked_sub(1)
+                .and_then(|i| heads.get(i).copied())
+                .unwrap_or(*base)),
+            Err(e) => Err(e),
+        });
     }
 }
