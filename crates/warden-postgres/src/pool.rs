@@ -333,7 +333,7 @@ impl Drop for Pooled<'_> {
 
 /// Bytes from lowercase or uppercase hex digits.
 fn decode_hex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())
