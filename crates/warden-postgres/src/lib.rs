@@ -62,24 +62,32 @@
 //!   call's upsert by `(session_id, call_id)`, in one transaction with its
 //!   audit entries.
 //! - **One audit chain, one total order.** The `audit_head` table has one
-//!   row, `(seq, hash)`. Every transaction that appends to the log (and
-//!   every one that records a [`Change`]) locks that row with `SELECT ...
-//!   FOR UPDATE` as its last step, assigns the next sequence numbers, links
-//!   each entry to the previous hash, updates the row and commits. The
+//!   row, `(seq, hash)`. Every appending operation is a job for one of the
+//!   store's group-commit writers ([`PgOptions::writers`], each with a
+//!   dedicated connection): a writer takes every job queued (up to
+//!   [`PgOptions::max_batch`]), runs them in one transaction, each in its
+//!   own savepoint (a failing job rolls back alone, with its audit
+//!   entries), then locks the head row with `SELECT ... FOR UPDATE` once,
+//!   records the group's [`Change`]s, assigns the next sequence numbers to
+//!   all the group's entries in job order, links each to the previous hash,
+//!   inserts them and moves the row in one statement sent together with the
+//!   `COMMIT`, and answers the jobs only once the commit returned. The
 //!   order of the log is thus the commit order of the head-lock holders,
-//!   across all servers, with no gaps; the `audit_head` row is also the
-//!   recorded head that detects a truncated tail
-//!   ([`PgStore::verify_audit`]).
-//!   *Cost*: appends are serialised database-wide. The lock is taken after
-//!   the transaction's own work and held for two round trips and the commit
-//!   flush, so audited writes top out at about one per (2 × round trip +
-//!   commit flush) however many servers there are; reads never take it.
-//!   Measured (`benches/postgres.rs`, loopback, PostgreSQL 15 on a 2-core
-//!   VM whose disk flushes in 2 to 5 ms): a compare-and-set put with its
-//!   audit entry takes 4.5 ms for one client (about 220 per second) and
-//!   8 clients together reach about 480 per second; `get_records` takes
-//!   0.1 to 0.2 ms. The flush dominates: a faster disk, or a database
-//!   server with a battery-backed cache, raises the ceiling directly.
+//!   across all writers of all servers, with no gaps; the `audit_head` row
+//!   is also the recorded head that detects a truncated tail
+//!   ([`PgStore::verify_audit`]). Jobs are routed to a writer by the rows
+//!   they lock (a record's owner, a run, a session, an envelope; agents,
+//!   tokens and escalations each to one writer), so jobs on the same rows
+//!   queue in one writer instead of waiting on another's open group; a
+//!   rare cross-writer lock cycle is broken by PostgreSQL's deadlock
+//!   detector, which fails one job (`Unavailable`, retry).
+//!   *Cost*: the head lock is taken once per group and held for two round
+//!   trips (the lock, then the insert with the commit) and the commit
+//!   flush, however many decisions the group holds; a decision that only
+//!   records (a resolve, a denial) runs no statement of its own. Throughput
+//!   is about `groups in flight x group size / (lock hold)`; see
+//!   `BENCHMARKS.md` for measurements and `ARCHITECTURE.md` ("Past one
+//!   database") for the model. Reads never take the lock.
 //! - **Quotas are exact across servers.** A put with a `StorageQuota`
 //!   takes a transaction-scoped advisory lock on its owner
 //!   (`pg_advisory_xact_lock`), then reads the owner's usage and decides in
@@ -89,8 +97,9 @@
 //!   under the run's row lock). Of concurrent writers on any number of
 //!   servers, the limit is never exceeded. Writes without a quota take no
 //!   lock.
-//! - **Acknowledged means durable.** A method returns `Ok` only after
-//!   `COMMIT` returned. Each connection makes sure `synchronous_commit` is
+//! - **Acknowledged means durable.** A method returns `Ok` only after the
+//!   `COMMIT` of the group holding it returned; a group whose transaction
+//!   is lost answers every one of its jobs with the error. Each connection makes sure `synchronous_commit` is
 //!   not `off` (any stronger setting the operator chose, such as
 //!   `remote_apply` for a synchronous standby, is kept). A connection lost
 //!   mid-transaction rolls back: the write and its audit entries are both
@@ -226,6 +235,7 @@ mod sql;
 mod store;
 mod store_impl;
 mod tx;
+mod writer;
 
 pub mod changes;
 pub mod verify;

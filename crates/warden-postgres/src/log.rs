@@ -16,9 +16,7 @@ pub(crate) async fn append_audit(
     if drafts.is_empty() {
         return store.audit_head().await;
     }
-    let mut conn = store.inner.pool.get().await?;
-    let tx = conn.begin().await?;
-    tx.finish(drafts, None, &store.inner.channel).await
+    store.inner.writers.append(drafts).await
 }
 
 pub(crate) async fn audit_page(

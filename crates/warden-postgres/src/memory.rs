@@ -15,6 +15,7 @@ use crate::pool::Tx;
 use crate::sql;
 use crate::store::PgStore;
 use crate::tx::*;
+use crate::writer::{Done, Route};
 
 /// Decide a put inside `tx`. The outcome is final in this transaction:
 /// a `Written` outcome's row change is made, a conflict or rejection
@@ -171,22 +172,27 @@ pub(crate) async fn put_record(
     quota: StorageQuota,
     audit: AuditFn<PutOutcome>,
 ) -> Result<PutOutcome, StoreError> {
-    let mut conn = store.inner.pool.get().await?;
-    for _ in 0..PUT_ATTEMPTS {
-        let mut tx = conn.begin().await?;
-        let Some(outcome) = put_in(&mut tx, &put, now, quota).await? else {
-            // Lost a race before deciding: roll back and decide again.
-            drop(tx);
-            continue;
-        };
-        let drafts = audit(&outcome);
-        tx.finish(drafts, None, &store.inner.channel).await?;
-        return Ok(outcome);
-    }
-    Err(StoreError::backend(format!(
-        "the write to `{}.{}` lost {PUT_ATTEMPTS} races with concurrent writers",
-        put.namespace, put.key
-    )))
+    let route = put.owner.to_string();
+    store
+        .inner
+        .writers
+        .write(Route::Key(&route), move |tx| {
+            Box::pin(async move {
+                for _ in 0..PUT_ATTEMPTS {
+                    // A lost race changed nothing: decide again (each
+                    // statement sees what committed before it).
+                    if let Some(outcome) = put_in(tx, &put, now, quota).await? {
+                        let drafts = audit(&outcome);
+                        return Ok(Done::new(outcome, drafts, None));
+                    }
+                }
+                Err(StoreError::backend(format!(
+                    "the write to `{}.{}` lost {PUT_ATTEMPTS} races with concurrent writers",
+                    put.namespace, put.key
+                )))
+            })
+        })
+        .await
 }
 
 pub(crate) async fn delete_record(
@@ -194,44 +200,51 @@ pub(crate) async fn delete_record(
     delete: Delete,
     audit: AuditFn<DeleteOutcome>,
 ) -> Result<DeleteOutcome, StoreError> {
-    let [owner, namespace, key] = record_key(&delete.owner, &delete.namespace, &delete.key);
-    let mut conn = store.inner.pool.get().await?;
-    let mut tx = conn.begin().await?;
-    let deleted = match delete.expected_revision {
-        None => {
-            tx.query_opt(sql::DELETE_RECORD, &[&owner, &namespace, &key])
-                .await?
-        }
-        Some(expected) => {
-            let expected = u64_in(expected, "revision")?;
-            tx.query_opt(
-                sql::DELETE_RECORD_AT,
-                &[&owner, &namespace, &key, &expected],
-            )
-            .await?
-        }
-    };
-    let revision_of = |row: tokio_postgres::Row| -> Result<u64, StoreError> {
-        let rev: i64 = row.try_get(0).map_err(crate::error::column)?;
-        u64_out(rev, "revision")
-    };
-    let outcome = match deleted {
-        Some(row) => DeleteOutcome::Deleted {
-            revision: revision_of(row)?,
-        },
-        None => match tx
-            .query_opt(sql::SELECT_REVISION, &[&owner, &namespace, &key])
-            .await?
-        {
-            None => DeleteOutcome::NotFound,
-            Some(row) => DeleteOutcome::Conflict {
-                current: revision_of(row)?,
-            },
-        },
-    };
-    let drafts = audit(&outcome);
-    tx.finish(drafts, None, &store.inner.channel).await?;
-    Ok(outcome)
+    let route = delete.owner.to_string();
+    store
+        .inner
+        .writers
+        .write(Route::Key(&route), move |tx| {
+            Box::pin(async move {
+                let [owner, namespace, key] =
+                    record_key(&delete.owner, &delete.namespace, &delete.key);
+                let deleted = match delete.expected_revision {
+                    None => {
+                        tx.query_opt(sql::DELETE_RECORD, &[&owner, &namespace, &key])
+                            .await?
+                    }
+                    Some(expected) => {
+                        let expected = u64_in(expected, "revision")?;
+                        tx.query_opt(
+                            sql::DELETE_RECORD_AT,
+                            &[&owner, &namespace, &key, &expected],
+                        )
+                        .await?
+                    }
+                };
+                let revision_of = |row: tokio_postgres::Row| -> Result<u64, StoreError> {
+                    let rev: i64 = row.try_get(0).map_err(crate::error::column)?;
+                    u64_out(rev, "revision")
+                };
+                let outcome = match deleted {
+                    Some(row) => DeleteOutcome::Deleted {
+                        revision: revision_of(row)?,
+                    },
+                    None => match tx
+                        .query_opt(sql::SELECT_REVISION, &[&owner, &namespace, &key])
+                        .await?
+                    {
+                        None => DeleteOutcome::NotFound,
+                        Some(row) => DeleteOutcome::Conflict {
+                            current: revision_of(row)?,
+                        },
+                    },
+                };
+                let drafts = audit(&outcome);
+                Ok(Done::new(outcome, drafts, None))
+            })
+        })
+        .await
 }
 
 pub(crate) async fn owner_usage(store: &PgStore, owner: AgentId) -> Result<Usage, StoreError> {

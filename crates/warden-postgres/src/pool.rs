@@ -12,7 +12,8 @@
 //! per statement instead of two.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::task::AbortHandle;
@@ -90,8 +91,22 @@ impl Conn {
         }
     }
 
-    /// Whether the connection may be handed out again.
-    fn is_usable(&self) -> bool {
+    /// Open a connection from `config` and run `setup` on it (the writer's
+    /// dedicated connection; the pool opens its own the same way).
+    pub(crate) async fn open(config: &Config, setup: &str) -> Result<Self, StoreError> {
+        let (client, driver) = connect_driven(config).await?;
+        let mut conn = Conn::driven(client, driver);
+        // Dropped half-way (the caller gave up), the connection is broken.
+        let done = conn.stmts.exchange(conn.client.batch_execute(setup)).await;
+        if let Err(e) = done {
+            discard(conn);
+            return Err(e);
+        }
+        Ok(conn)
+    }
+
+    /// Whether the connection may be used again.
+    pub(crate) fn is_usable(&self) -> bool {
         !self.stmts.in_flight && !self.client.is_closed()
     }
 
@@ -103,6 +118,66 @@ impl Conn {
     ) -> Result<Vec<Row>, StoreError> {
         let stmt = self.stmts.get(&self.client, sql).await?;
         self.stmts.exchange(self.client.query(&stmt, params)).await
+    }
+
+    /// Start a read-committed transaction and lock the audit head row in
+    /// one round trip (both sent as one simple query); returns the head's
+    /// `(seq, hash)`. Any failure leaves the connection marked broken (it
+    /// may be inside a transaction), so it is not used again.
+    pub(crate) async fn begin_locking_head(&mut self) -> Result<(i64, Vec<u8>), StoreError> {
+        self.stmts.in_flight = true;
+        let rows = self
+            .client
+            .simple_query(
+                "BEGIN ISOLATION LEVEL READ COMMITTED; \
+                 SELECT seq, encode(hash, 'hex') FROM audit_head FOR UPDATE",
+            )
+            .await
+            .db()?;
+        let row = rows
+            .iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
+                _ => None,
+            })
+            .ok_or_else(|| StoreError::corrupt("the audit head row is missing"))?;
+        let seq = row
+            .get(0)
+            .and_then(|v| v.parse::<i64>().ok())
+            .ok_or_else(|| StoreError::corrupt("the audit head sequence number is unreadable"))?;
+        let hash = row
+            .get(1)
+            .and_then(decode_hex)
+            .ok_or_else(|| StoreError::corrupt("the audit head hash is unreadable"))?;
+        // Still set: the transaction is open until `execute_and_commit`.
+        Ok((seq, hash))
+    }
+
+    /// Execute `sql` and `COMMIT` the transaction that
+    /// [`Conn::begin_locking_head`] opened, pipelined (one round trip). `Ok`
+    /// only when both succeeded; on any failure the connection stays
+    /// marked broken.
+    pub(crate) async fn execute_and_commit(
+        &mut self,
+        sql: &'static str,
+        params: Params<'_>,
+    ) -> Result<u64, StoreError> {
+        let stmt = match self.stmts.stmts.get(sql) {
+            Some(s) => s.clone(),
+            None => {
+                let s = self.client.prepare(sql).await.db()?;
+                self.stmts.stmts.insert(sql, s.clone());
+                s
+            }
+        };
+        let (executed, committed) = tokio::join!(
+            self.client.execute(&stmt, params),
+            self.client.batch_execute("COMMIT")
+        );
+        let n = executed.db()?;
+        committed.db()?;
+        self.stmts.in_flight = false;
+        Ok(n)
     }
 
     /// Start a read-committed transaction (the isolation level every write
@@ -179,6 +254,36 @@ impl Tx<'_> {
     pub(crate) async fn commit(self) -> Result<(), StoreError> {
         self.stmts.exchange(self.tx.commit()).await
     }
+
+    /// Run a simple statement without parameters (savepoints).
+    pub(crate) async fn simple(&mut self, sql: &'static str) -> Result<(), StoreError> {
+        self.stmts.exchange(self.tx.batch_execute(sql)).await
+    }
+
+    /// Execute `sql` and commit, pipelined: both are sent before either
+    /// answer is awaited, so the pair costs one round trip. `Ok` only when
+    /// both succeeded (a failed statement makes PostgreSQL answer the
+    /// `COMMIT` with a rollback, which is reported as the statement's
+    /// error) and the commit is durable, as for [`Tx::commit`].
+    pub(crate) async fn execute_and_commit(
+        self,
+        sql: &'static str,
+        params: Params<'_>,
+    ) -> Result<u64, StoreError> {
+        let Tx { tx, stmts } = self;
+        let stmt = stmts.get(&tx, sql).await?;
+        stmts.in_flight = true;
+        let (executed, committed) =
+            tokio::join!(tx.execute(&stmt, params), tx.batch_execute("COMMIT"));
+        stmts.in_flight = false;
+        // The `COMMIT` above ended the transaction either way; the
+        // handle's drop would send a needless `ROLLBACK`. It owns no
+        // memory of its own (a borrow of the client and no savepoint name).
+        std::mem::forget(tx);
+        let n = executed.db()?;
+        committed.db()?;
+        Ok(n)
+    }
 }
 
 /// The pool.
@@ -212,11 +317,6 @@ impl Pooled<'_> {
     ) -> Result<Vec<Row>, StoreError> {
         self.conn()?.query(sql, params).await
     }
-
-    /// [`Conn::begin`] on the pooled connection.
-    pub(crate) async fn begin(&mut self) -> Result<Tx<'_>, StoreError> {
-        self.conn()?.begin().await
-    }
 }
 
 impl Drop for Pooled<'_> {
@@ -231,8 +331,19 @@ impl Drop for Pooled<'_> {
     }
 }
 
+/// Bytes from lowercase or uppercase hex digits.
+fn decode_hex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| s.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()))
+        .collect()
+}
+
 /// Close a broken connection now.
-fn discard(conn: Conn) {
+pub(crate) fn discard(conn: Conn) {
     if let Some(driver) = &conn.driver {
         driver.abort();
     }
@@ -292,18 +403,7 @@ impl Pool {
     }
 
     async fn open(&self) -> Result<Conn, StoreError> {
-        let (client, driver) = connect_driven(&self.config).await?;
-        let mut conn = Conn::driven(client, driver);
-        // Dropped half-way (the caller gave up), the connection is broken.
-        let setup = conn
-            .stmts
-            .exchange(conn.client.batch_execute(&self.setup))
-            .await;
-        if let Err(e) = setup {
-            discard(conn);
-            return Err(e);
-        }
-        Ok(conn)
+        Conn::open(&self.config, &self.setup).await
     }
 }
 
@@ -336,4 +436,103 @@ pub(crate) fn describe(config: &Config) -> String {
     let port = config.get_ports().first().copied().unwrap_or(5432);
     let db = config.get_dbname().or(config.get_user()).unwrap_or("");
     format!("`{host}:{port}/{db}`")
+}
+
+/// Connections shared by single-statement reads. Reads issued at once on
+/// one connection are pipelined by the driver (each is sent without
+/// waiting for the answers before it), so a read costs one round trip of
+/// latency but holds no connection for it: with a slow network, many
+/// concurrent reads share a few connections. A read abandoned half-way
+/// leaves the connection usable (the driver drains its answer); a closed
+/// connection is replaced by the next read.
+pub(crate) struct Readers {
+    config: Config,
+    setup: String,
+    slots: Vec<tokio::sync::Mutex<Option<Arc<Shared>>>>,
+    next: AtomicUsize,
+}
+
+struct Shared {
+    client: Client,
+    stmts: Mutex<HashMap<&'static str, Statement>>,
+    driver: AbortHandle,
+}
+
+impl Readers {
+    /// `count` shared connections (at least one), opened on first use.
+    pub(crate) fn new(config: Config, setup: String, count: usize) -> Self {
+        Self {
+            config,
+            setup,
+            slots: (0..count.max(1))
+                .map(|_| tokio::sync::Mutex::new(None))
+                .collect(),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    async fn shared(&self) -> Result<Arc<Shared>, StoreError> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        let Some(slot) = self.slots.get(i) else {
+            return Err(StoreError::backend("the store has no read connections"));
+        };
+        let mut slot = slot.lock().await;
+        if let Some(s) = slot.as_ref()
+            && !s.client.is_closed()
+        {
+            return Ok(Arc::clone(s));
+        }
+        if let Some(old) = slot.take() {
+            old.driver.abort();
+        }
+        let (client, driver) = connect_driven(&self.config).await?;
+        if let Err(e) = client.batch_execute(&self.setup).await.db() {
+            driver.abort();
+            return Err(e);
+        }
+        let s = Arc::new(Shared {
+            client,
+            stmts: Mutex::new(HashMap::new()),
+            driver,
+        });
+        *slot = Some(Arc::clone(&s));
+        Ok(s)
+    }
+
+    /// Run one read statement on a shared connection.
+    pub(crate) async fn query(
+        &self,
+        sql: &'static str,
+        params: Params<'_>,
+    ) -> Result<Vec<Row>, StoreError> {
+        let s = self.shared().await?;
+        let cached = s
+            .stmts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(sql)
+            .cloned();
+        let stmt = match cached {
+            Some(stmt) => stmt,
+            None => {
+                let stmt = s.client.prepare(sql).await.db()?;
+                s.stmts
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(sql, stmt.clone());
+                stmt
+            }
+        };
+        s.client.query(&stmt, params).await.db()
+    }
+}
+
+impl Drop for Readers {
+    fn drop(&mut self) {
+        for slot in &mut self.slots {
+            if let Some(s) = slot.get_mut().take() {
+                s.driver.abort();
+            }
+        }
+    }
 }

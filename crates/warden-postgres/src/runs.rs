@@ -15,6 +15,7 @@ use crate::memory::*;
 use crate::sql;
 use crate::store::PgStore;
 use crate::tx::*;
+use crate::writer::{Done, Route};
 
 /// A run from the rows of [`sql::GET_RUN`] (`None` when there are none).
 pub(crate) fn run_out(
@@ -95,45 +96,51 @@ pub(crate) async fn lease_step(
     lease: StepLease,
     audit: AuditFn<LeaseStep>,
 ) -> Result<LeaseStep, StoreError> {
-    let (run, step) = (run_id.as_str(), step_id.as_str());
-    let holder = text_in(&lease.holder).into_owned();
-    let mut conn = store.inner.pool.get().await?;
-    let mut tx = conn.begin().await?;
-    let updated = tx
-        .execute(
-            sql::LEASE_STEP,
-            &[
-                &run,
-                &step,
-                &holder,
-                &lease.acquired_at.0,
-                &lease.expires_at.0,
-            ],
-        )
-        .await?;
-    let outcome = if updated == 1 {
-        LeaseStep::Granted
-    } else {
-        let Some(row) = tx.query_opt(sql::STEP_OUTCOME, &[&run, &step]).await? else {
-            return Err(if tx.query_opt(sql::RUN_EXISTS, &[&run]).await?.is_none() {
-                not_found(Entity::Run, &run_id)
-            } else {
-                not_found(Entity::Step, format!("{run_id}/{step_id}"))
-            });
-        };
-        match (codec::outcome_out(&row, 0)?, lease_out(&row, 5)?) {
-            (Some(recorded), _) => LeaseStep::Recorded(recorded),
-            (None, Some(held)) => LeaseStep::Held(held),
-            (None, None) => {
-                return Err(StoreError::backend(format!(
-                    "step `{run_id}/{step_id}` could not be leased"
-                )));
-            }
-        }
-    };
-    let drafts = audit(&outcome);
-    tx.finish(drafts, None, &store.inner.channel).await?;
-    Ok(outcome)
+    let route = run_id.to_string();
+    store
+        .inner
+        .writers
+        .write(Route::Key(&route), move |tx| {
+            Box::pin(async move {
+                let (run, step) = (run_id.as_str(), step_id.as_str());
+                let holder = text_in(&lease.holder).into_owned();
+                let updated = tx
+                    .execute(
+                        sql::LEASE_STEP,
+                        &[
+                            &run,
+                            &step,
+                            &holder,
+                            &lease.acquired_at.0,
+                            &lease.expires_at.0,
+                        ],
+                    )
+                    .await?;
+                let outcome = if updated == 1 {
+                    LeaseStep::Granted
+                } else {
+                    let Some(row) = tx.query_opt(sql::STEP_OUTCOME, &[&run, &step]).await? else {
+                        return Err(if tx.query_opt(sql::RUN_EXISTS, &[&run]).await?.is_none() {
+                            not_found(Entity::Run, &run_id)
+                        } else {
+                            not_found(Entity::Step, format!("{run_id}/{step_id}"))
+                        });
+                    };
+                    match (codec::outcome_out(&row, 0)?, lease_out(&row, 5)?) {
+                        (Some(recorded), _) => LeaseStep::Recorded(recorded),
+                        (None, Some(held)) => LeaseStep::Held(held),
+                        (None, None) => {
+                            return Err(StoreError::backend(format!(
+                                "step `{run_id}/{step_id}` could not be leased"
+                            )));
+                        }
+                    }
+                };
+                let drafts = audit(&outcome);
+                Ok(Done::new(outcome, drafts, None))
+            })
+        })
+        .await
 }
 
 pub(crate) async fn create_run(
@@ -142,96 +149,104 @@ pub(crate) async fn create_run(
     limit: Option<RunsInFlight>,
     audit: AuditFn<CreateRun>,
 ) -> Result<CreateRun, StoreError> {
-    let sop = json_in(&run.sop)?;
-    let sop_hash: &[u8] = &run.sop_hash.0;
-    let policy_version = text_in(&run.policy_version).into_owned();
-    let mut ords = Vec::with_capacity(run.steps.len());
-    let mut step_ids = Vec::with_capacity(run.steps.len());
-    let mut actions = Vec::with_capacity(run.steps.len());
-    let mut operation_ids = Vec::with_capacity(run.steps.len());
-    for (i, step) in run.steps.iter().enumerate() {
-        ords.push(i32::try_from(i).map_err(|_| StoreError::backend("a run has too many steps"))?);
-        step_ids.push(step.step_id.as_str());
-        actions.push(step.action.as_str());
-        operation_ids.push(text_in(&step.operation_id).into_owned());
-    }
-    let run_id = run.run_id.as_str();
-    let agent = run.agent.as_str();
-    let envelope = run.envelope_id.as_ref().map(EnvelopeId::as_str);
-    // A run without steps has nothing left to do.
-    let finished_at = run.steps.is_empty().then_some(run.created_at.0);
-    let mut conn = store.inner.pool.get().await?;
-    for _ in 0..PUT_ATTEMPTS {
-        let mut tx = conn.begin().await?;
-        if limit.is_some() {
-            // The agent's other limited creates (on any server) wait
-            // until this commits, so the count below stays exact.
-            tx.query(sql::QUOTA_LOCK, &[&QUOTA_LOCK_RUNS, &agent])
-                .await?;
-        }
-        // An existing run is returned whatever the quota.
-        let rows = tx.query(sql::GET_RUN, &[&run_id]).await?;
-        let outcome = if let Some(existing) = run_out(&run.run_id, &rows)? {
-            CreateRun::Existing(Box::new(existing))
-        } else {
-            let over = match limit {
-                None => None,
-                Some(l) => {
-                    let row = tx
-                        .query_opt(sql::RUNS_IN_FLIGHT, &[&agent, &l.since.0])
-                        .await?;
-                    let n: i64 = match row {
-                        Some(r) => r.try_get(0).map_err(crate::error::column)?,
-                        None => 0,
-                    };
-                    let n = u32::try_from(n).unwrap_or(u32::MAX);
-                    (n >= l.max).then_some(CreateRun::OverQuota {
-                        limit: l.max,
-                        in_flight: n,
-                    })
+    let route = run.agent.to_string();
+    store
+        .inner
+        .writers
+        .write(Route::Key(&route), move |tx| {
+            Box::pin(async move {
+                let sop = json_in(&run.sop)?;
+                let sop_hash: &[u8] = &run.sop_hash.0;
+                let policy_version = text_in(&run.policy_version).into_owned();
+                let mut ords = Vec::with_capacity(run.steps.len());
+                let mut step_ids = Vec::with_capacity(run.steps.len());
+                let mut actions = Vec::with_capacity(run.steps.len());
+                let mut operation_ids = Vec::with_capacity(run.steps.len());
+                for (i, step) in run.steps.iter().enumerate() {
+                    ords.push(
+                        i32::try_from(i)
+                            .map_err(|_| StoreError::backend("a run has too many steps"))?,
+                    );
+                    step_ids.push(step.step_id.as_str());
+                    actions.push(step.action.as_str());
+                    operation_ids.push(text_in(&step.operation_id).into_owned());
                 }
-            };
-            match over {
-                Some(over) => over,
-                None => {
-                    let inserted = tx
-                        .execute(
-                            sql::INSERT_RUN,
-                            &[
-                                &run_id,
-                                &agent,
-                                &sop_hash,
-                                &sop,
-                                &policy_version,
-                                &run.created_at.0,
-                                &envelope,
-                                &finished_at,
-                            ],
-                        )
-                        .await?;
-                    if inserted == 0 {
-                        // A concurrent creator of this id committed
-                        // after the read above: decide again.
-                        drop(tx);
-                        continue;
+                let run_id = run.run_id.as_str();
+                let agent = run.agent.as_str();
+                let envelope = run.envelope_id.as_ref().map(EnvelopeId::as_str);
+                // A run without steps has nothing left to do.
+                let finished_at = run.steps.is_empty().then_some(run.created_at.0);
+                for _ in 0..PUT_ATTEMPTS {
+                    if limit.is_some() {
+                        // The agent's other limited creates (on any server) wait
+                        // until this commits, so the count below stays exact.
+                        tx.query(sql::QUOTA_LOCK, &[&QUOTA_LOCK_RUNS, &agent])
+                            .await?;
                     }
-                    tx.execute(
-                        sql::INSERT_STEPS,
-                        &[&run_id, &ords, &step_ids, &actions, &operation_ids],
-                    )
-                    .await?;
-                    CreateRun::Created
+                    // An existing run is returned whatever the quota.
+                    let rows = tx.query(sql::GET_RUN, &[&run_id]).await?;
+                    let outcome = if let Some(existing) = run_out(&run.run_id, &rows)? {
+                        CreateRun::Existing(Box::new(existing))
+                    } else {
+                        let over = match limit {
+                            None => None,
+                            Some(l) => {
+                                let row = tx
+                                    .query_opt(sql::RUNS_IN_FLIGHT, &[&agent, &l.since.0])
+                                    .await?;
+                                let n: i64 = match row {
+                                    Some(r) => r.try_get(0).map_err(crate::error::column)?,
+                                    None => 0,
+                                };
+                                let n = u32::try_from(n).unwrap_or(u32::MAX);
+                                (n >= l.max).then_some(CreateRun::OverQuota {
+                                    limit: l.max,
+                                    in_flight: n,
+                                })
+                            }
+                        };
+                        match over {
+                            Some(over) => over,
+                            None => {
+                                let inserted = tx
+                                    .execute(
+                                        sql::INSERT_RUN,
+                                        &[
+                                            &run_id,
+                                            &agent,
+                                            &sop_hash,
+                                            &sop,
+                                            &policy_version,
+                                            &run.created_at.0,
+                                            &envelope,
+                                            &finished_at,
+                                        ],
+                                    )
+                                    .await?;
+                                if inserted == 0 {
+                                    // A concurrent creator of this id committed
+                                    // after the read above: decide again.
+                                    continue;
+                                }
+                                tx.execute(
+                                    sql::INSERT_STEPS,
+                                    &[&run_id, &ords, &step_ids, &actions, &operation_ids],
+                                )
+                                .await?;
+                                CreateRun::Created
+                            }
+                        }
+                    };
+                    let drafts = audit(&outcome);
+                    return Ok(Done::new(outcome, drafts, None));
                 }
-            }
-        };
-        let drafts = audit(&outcome);
-        tx.finish(drafts, None, &store.inner.channel).await?;
-        return Ok(outcome);
-    }
-    Err(StoreError::backend(format!(
-        "the run `{}` lost {PUT_ATTEMPTS} races with concurrent creators",
-        run.run_id
-    )))
+                Err(StoreError::backend(format!(
+                    "the run `{}` lost {PUT_ATTEMPTS} races with concurrent creators",
+                    run.run_id
+                )))
+            })
+        })
+        .await
 }
 
 pub(crate) async fn get_run(
@@ -251,51 +266,63 @@ pub(crate) async fn record_step(
     holder: Option<String>,
     audit: Vec<AuditDraft>,
 ) -> Result<RecordStep, StoreError> {
-    let holder = holder.map(|h| text_in(&h).into_owned());
-    let result = outcome.result.as_ref().map(json_in).transpose()?;
-    let error = outcome.error.as_deref().map(|e| text_in(e).into_owned());
-    let labels: Vec<&str> = outcome.labels.iter().map(|l| l.as_str()).collect();
-    let status = codec::step_status_in(outcome.status);
-    let (run, step) = (run_id.as_str(), step_id.as_str());
-    let mut conn = store.inner.pool.get().await?;
-    let mut tx = conn.begin().await?;
-    // One recording per run at a time, so the one that records the last
-    // outcome sees every other and marks the run finished.
-    tx.query(sql::LOCK_RUN, &[&run]).await?;
-    // Exactly once: only a step with no outcome yet is updated.
-    let updated = tx
-        .execute(
-            sql::RECORD_STEP,
-            &[
-                &run,
-                &step,
-                &status,
-                &result,
-                &error,
-                &labels,
-                &outcome.recorded_at.0,
-                &holder,
-            ],
-        )
-        .await?;
-    if updated == 1 {
-        tx.execute(sql::FINISH_RUN, &[&run, &outcome.recorded_at.0, &status])
-            .await?;
-        tx.finish(audit, None, &store.inner.channel).await?;
-        return Ok(RecordStep::Recorded);
-    }
-    let Some(row) = tx.query_opt(sql::STEP_OUTCOME, &[&run, &step]).await? else {
-        return Err(if tx.query_opt(sql::RUN_EXISTS, &[&run]).await?.is_none() {
-            not_found(Entity::Run, &run_id)
-        } else {
-            not_found(Entity::Step, format!("{run_id}/{step_id}"))
-        });
-    };
-    match (codec::outcome_out(&row, 0)?, lease_out(&row, 5)?) {
-        (Some(first), _) => Ok(RecordStep::AlreadyRecorded(first)),
-        (None, Some(held)) => Ok(RecordStep::LeaseHeld(held)),
-        (None, None) => Err(StoreError::backend(format!(
-            "step `{run_id}/{step_id}` could not be recorded"
-        ))),
-    }
+    let route = run_id.to_string();
+    store
+        .inner
+        .writers
+        .write(Route::Key(&route), move |tx| {
+            Box::pin(async move {
+                let holder = holder.map(|h| text_in(&h).into_owned());
+                let result = outcome.result.as_ref().map(json_in).transpose()?;
+                let error = outcome.error.as_deref().map(|e| text_in(e).into_owned());
+                let labels: Vec<&str> = outcome.labels.iter().map(|l| l.as_str()).collect();
+                let status = codec::step_status_in(outcome.status);
+                let (run, step) = (run_id.as_str(), step_id.as_str());
+                // One recording per run at a time, so the one that records the last
+                // outcome sees every other and marks the run finished.
+                tx.query(sql::LOCK_RUN, &[&run]).await?;
+                // Exactly once: only a step with no outcome yet is updated.
+                let updated = tx
+                    .execute(
+                        sql::RECORD_STEP,
+                        &[
+                            &run,
+                            &step,
+                            &status,
+                            &result,
+                            &error,
+                            &labels,
+                            &outcome.recorded_at.0,
+                            &holder,
+                        ],
+                    )
+                    .await?;
+                if updated == 1 {
+                    tx.execute(sql::FINISH_RUN, &[&run, &outcome.recorded_at.0, &status])
+                        .await?;
+                    return Ok(Done::new(RecordStep::Recorded, audit, None));
+                }
+                let Some(row) = tx.query_opt(sql::STEP_OUTCOME, &[&run, &step]).await? else {
+                    return Err(if tx.query_opt(sql::RUN_EXISTS, &[&run]).await?.is_none() {
+                        not_found(Entity::Run, &run_id)
+                    } else {
+                        not_found(Entity::Step, format!("{run_id}/{step_id}"))
+                    });
+                };
+                match (codec::outcome_out(&row, 0)?, lease_out(&row, 5)?) {
+                    (Some(first), _) => Ok(Done::new(
+                        RecordStep::AlreadyRecorded(first),
+                        Vec::new(),
+                        None,
+                    )),
+                    (None, Some(held)) => {
+                        Ok(Done::new(RecordStep::LeaseHeld(held), Vec::new(), None))
+                    }
+                    (None, None) => Err(StoreError::backend(format!(
+                        "step `{run_id}/{step_id}` could not be recorded"
+                    ))),
+                }
+            })
+        })
+        .await
 }

@@ -34,6 +34,7 @@ use crate::pool::Tx;
 use crate::sql;
 use crate::store::PgStore;
 use crate::tx::PUT_ATTEMPTS;
+use crate::writer::{Done, Route};
 
 /// First key of the advisory lock that serialises the imports of one
 /// envelope ("WImp").
@@ -172,124 +173,139 @@ pub(crate) async fn create_session(
     import: Option<EnvelopeImport>,
     audit: AuditFn<CreateSession>,
 ) -> Result<CreateSession, StoreError> {
-    check_create(&state, envelope.as_ref())?;
-    let session = &state.session;
-    let id = session.session_id.as_str();
-    let agent = session.agent.as_str();
-    let revision = u64_in(session.revision, "session revision")?;
-    let record = json_text(session, "a session")?;
-    let calls = state
-        .calls
-        .iter()
-        .map(call_in)
-        .collect::<Result<Vec<_>, _>>()?;
-    let env = envelope
-        .as_ref()
-        .map(|e| {
-            Ok::<_, StoreError>((
-                e.envelope_id.as_str(),
-                u64_in(e.version, "envelope version")?,
-                codec::envelope_in(e)?,
-            ))
-        })
-        .transpose()?;
-    let note = import.as_ref().map(ImportRow::of).transpose()?;
-    let mut conn = store.inner.pool.get().await?;
-    for _ in 0..PUT_ATTEMPTS {
-        let mut tx = conn.begin().await?;
-        if let Some(n) = &note {
-            // Taken before anything is read: other imports of this
-            // envelope (on any server) wait until this commits.
-            tx.query(sql::IMPORT_LOCK, &[&IMPORT_LOCK, &n.issuer, &n.envelope_id])
-                .await?;
-        }
-        let outcome = if let Some(existing) = load_in(&mut tx, id, sql::LOCK_SESSION).await? {
-            CreateSession::Existing(Box::new(existing))
-        } else {
-            if let Some((envelope_id, ..)) = &env
-                && tx
-                    .query_opt(sql::ENVELOPE_EXISTS, &[envelope_id])
-                    .await?
-                    .is_some()
-            {
-                return Err(StoreError::duplicate(Entity::Envelope, envelope_id));
-            }
-            if env.is_none()
-                && let Some(named) = &session.envelope_id
-                && tx
-                    .query_opt(sql::ENVELOPE_EXISTS, &[&named.as_str()])
-                    .await?
-                    .is_none()
-            {
-                return Err(missing_envelope(named));
-            }
-            let refusal = match (&import, &note) {
-                (Some(import), Some(n)) => {
-                    let earlier = tx
-                        .query(sql::EARLIER_IMPORTS, &[&n.issuer, &n.envelope_id])
-                        .await?
-                        .iter()
-                        .map(|r| import_out(r, import))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    decide_import(import, &earlier).err()
-                }
-                _ => None,
-            };
-            match refusal {
-                Some(refusal) => CreateSession::ImportRefused(refusal),
-                None => {
-                    let inserted = tx
-                        .execute(
-                            sql::INSERT_SESSION,
-                            &[&id, &agent, &revision, &session.created_at.0, &record],
-                        )
-                        .await?;
-                    if inserted == 0 {
-                        // A concurrent creator of this id committed after
-                        // the read above: decide again.
-                        drop(tx);
-                        continue;
-                    }
-                    tx.execute(sql::INSERT_INDEX_PART, &[&id, &revision, &state.sources])
-                        .await?;
-                    for (call_id, seq, text) in &calls {
-                        upsert_call(&mut tx, &session.session_id, call_id, *seq, text).await?;
-                    }
-                    if let Some((envelope_id, version, text)) = &env {
-                        let created = tx
-                            .execute(sql::CREATE_ENVELOPE_HEAD, &[envelope_id, version])
+    let route = state.session.session_id.to_string();
+    store
+        .inner
+        .writers
+        .write(Route::Key(&route), move |tx| {
+            Box::pin(async move {
+                check_create(&state, envelope.as_ref())?;
+                let session = &state.session;
+                let id = session.session_id.as_str();
+                let agent = session.agent.as_str();
+                let revision = u64_in(session.revision, "session revision")?;
+                let record = json_text(session, "a session")?;
+                let calls = state
+                    .calls
+                    .iter()
+                    .map(call_in)
+                    .collect::<Result<Vec<_>, _>>()?;
+                let env = envelope
+                    .as_ref()
+                    .map(|e| {
+                        Ok::<_, StoreError>((
+                            e.envelope_id.as_str(),
+                            u64_in(e.version, "envelope version")?,
+                            codec::envelope_in(e)?,
+                        ))
+                    })
+                    .transpose()?;
+                let note = import.as_ref().map(ImportRow::of).transpose()?;
+                for _ in 0..PUT_ATTEMPTS {
+                    // An attempt that loses a race after writing is undone alone.
+                    tx.simple("SAVEPOINT attempt").await?;
+                    if let Some(n) = &note {
+                        // Taken before anything is read: other imports of this
+                        // envelope (on any server) wait until this commits.
+                        tx.query(sql::IMPORT_LOCK, &[&IMPORT_LOCK, &n.issuer, &n.envelope_id])
                             .await?;
-                        if created == 0 {
+                    }
+                    let outcome = if let Some(existing) = load_in(tx, id, sql::LOCK_SESSION).await?
+                    {
+                        CreateSession::Existing(Box::new(existing))
+                    } else {
+                        if let Some((envelope_id, ..)) = &env
+                            && tx
+                                .query_opt(sql::ENVELOPE_EXISTS, &[envelope_id])
+                                .await?
+                                .is_some()
+                        {
                             return Err(StoreError::duplicate(Entity::Envelope, envelope_id));
                         }
-                        tx.execute(sql::INSERT_ENVELOPE, &[envelope_id, version, text])
-                            .await?;
-                    }
-                    if let Some(n) = &note {
-                        let noted = tx
-                            .execute(
-                                sql::INSERT_IMPORT,
-                                &[&n.issuer, &n.envelope_id, &n.version, &n.record],
-                            )
-                            .await?;
-                        if noted == 0 {
-                            // Cannot happen under the import lock; if it
-                            // did, deciding again finds the replay.
-                            drop(tx);
-                            continue;
+                        if env.is_none()
+                            && let Some(named) = &session.envelope_id
+                            && tx
+                                .query_opt(sql::ENVELOPE_EXISTS, &[&named.as_str()])
+                                .await?
+                                .is_none()
+                        {
+                            return Err(missing_envelope(named));
                         }
-                    }
-                    CreateSession::Created
+                        let refusal = match (&import, &note) {
+                            (Some(import), Some(n)) => {
+                                let earlier = tx
+                                    .query(sql::EARLIER_IMPORTS, &[&n.issuer, &n.envelope_id])
+                                    .await?
+                                    .iter()
+                                    .map(|r| import_out(r, import))
+                                    .collect::<Result<Vec<_>, _>>()?;
+                                decide_import(import, &earlier).err()
+                            }
+                            _ => None,
+                        };
+                        match refusal {
+                            Some(refusal) => CreateSession::ImportRefused(refusal),
+                            None => {
+                                let inserted = tx
+                                    .execute(
+                                        sql::INSERT_SESSION,
+                                        &[&id, &agent, &revision, &session.created_at.0, &record],
+                                    )
+                                    .await?;
+                                if inserted == 0 {
+                                    // A concurrent creator of this id committed after
+                                    // the read above: decide again.
+                                    continue;
+                                }
+                                tx.execute(
+                                    sql::INSERT_INDEX_PART,
+                                    &[&id, &revision, &state.sources],
+                                )
+                                .await?;
+                                for (call_id, seq, text) in &calls {
+                                    upsert_call(tx, &session.session_id, call_id, *seq, text)
+                                        .await?;
+                                }
+                                if let Some((envelope_id, version, text)) = &env {
+                                    let created = tx
+                                        .execute(sql::CREATE_ENVELOPE_HEAD, &[envelope_id, version])
+                                        .await?;
+                                    if created == 0 {
+                                        return Err(StoreError::duplicate(
+                                            Entity::Envelope,
+                                            envelope_id,
+                                        ));
+                                    }
+                                    tx.execute(sql::INSERT_ENVELOPE, &[envelope_id, version, text])
+                                        .await?;
+                                }
+                                if let Some(n) = &note {
+                                    let noted = tx
+                                        .execute(
+                                            sql::INSERT_IMPORT,
+                                            &[&n.issuer, &n.envelope_id, &n.version, &n.record],
+                                        )
+                                        .await?;
+                                    if noted == 0 {
+                                        // Cannot happen under the import lock; if it
+                                        // did, deciding again finds the replay.
+                                        tx.simple("ROLLBACK TO SAVEPOINT attempt").await?;
+                                        continue;
+                                    }
+                                }
+                                CreateSession::Created
+                            }
+                        }
+                    };
+                    let drafts = audit(&outcome);
+                    return Ok(Done::new(outcome, drafts, None));
                 }
-            }
-        };
-        let drafts = audit(&outcome);
-        tx.finish(drafts, None, &store.inner.channel).await?;
-        return Ok(outcome);
-    }
-    Err(StoreError::backend(format!(
-        "the session `{id}` lost {PUT_ATTEMPTS} races with concurrent creators"
-    )))
+                Err(StoreError::backend(format!(
+                    "the session `{id}` lost {PUT_ATTEMPTS} races with concurrent creators"
+                )))
+            })
+        })
+        .await
 }
 
 pub(crate) async fn get_session(
@@ -367,64 +383,72 @@ pub(crate) async fn update_session(
     expected_revision: u64,
     audit: AuditFn<UpdateSession>,
 ) -> Result<UpdateSession, StoreError> {
-    let session = &update.session;
-    let id = session.session_id.as_str();
-    let agent = session.agent.as_str();
-    // A revision PostgreSQL cannot hold is never stored, so never matches;
-    // neither does a new revision other than the expected one plus one.
-    let revisions = match (
-        i64::try_from(expected_revision),
-        i64::try_from(session.revision),
-    ) {
-        (Ok(expected), Ok(new)) if expected_revision.checked_add(1) == Some(session.revision) => {
-            Some((expected, new))
-        }
-        _ => None,
-    };
-    let record = json_text(session, "a session")?;
-    let call = update.call.as_ref().map(call_in).transpose()?;
-    let mut conn = store.inner.pool.get().await?;
-    let mut tx = conn.begin().await?;
-    let changed = match revisions {
-        Some((expected, new)) => {
-            tx.execute(
-                sql::UPDATE_SESSION,
-                &[&id, &agent, &new, &session.created_at.0, &record, &expected],
-            )
-            .await?
-        }
-        None => 0,
-    };
-    let outcome = if changed == 1 {
-        if let Some((call_id, seq, text)) = &call {
-            // The row is locked by the update above: no other change of
-            // this session can take the position between check and write.
-            upsert_call(&mut tx, &session.session_id, call_id, *seq, text).await?;
-        }
-        if let Some((_, new)) = revisions {
-            match &update.sources {
-                None => {}
-                Some(IndexChange::Append(bytes)) if bytes.is_empty() => {}
-                Some(IndexChange::Append(bytes)) => {
-                    tx.execute(sql::INSERT_INDEX_PART, &[&id, &new, bytes])
-                        .await?;
-                }
-                Some(IndexChange::Replace(bytes)) => {
-                    tx.execute(sql::DELETE_INDEX_PARTS, &[&id]).await?;
-                    tx.execute(sql::INSERT_INDEX_PART, &[&id, &new, bytes])
-                        .await?;
-                }
-            }
-        }
-        UpdateSession::Updated
-    } else {
-        UpdateSession::Conflict {
-            current: current_revision(&mut tx, id).await?,
-        }
-    };
-    let drafts = audit(&outcome);
-    tx.finish(drafts, None, &store.inner.channel).await?;
-    Ok(outcome)
+    let route = update.session.session_id.to_string();
+    store
+        .inner
+        .writers
+        .write(Route::Key(&route), move |tx| {
+            Box::pin(async move {
+                let session = &update.session;
+                let id = session.session_id.as_str();
+                let agent = session.agent.as_str();
+                // A revision PostgreSQL cannot hold is never stored, so never matches;
+                // neither does a new revision other than the expected one plus one.
+                let revisions = match (
+                    i64::try_from(expected_revision),
+                    i64::try_from(session.revision),
+                ) {
+                    (Ok(expected), Ok(new))
+                        if expected_revision.checked_add(1) == Some(session.revision) =>
+                    {
+                        Some((expected, new))
+                    }
+                    _ => None,
+                };
+                let record = json_text(session, "a session")?;
+                let call = update.call.as_ref().map(call_in).transpose()?;
+                let changed = match revisions {
+                    Some((expected, new)) => {
+                        tx.execute(
+                            sql::UPDATE_SESSION,
+                            &[&id, &agent, &new, &session.created_at.0, &record, &expected],
+                        )
+                        .await?
+                    }
+                    None => 0,
+                };
+                let outcome = if changed == 1 {
+                    if let Some((call_id, seq, text)) = &call {
+                        // The row is locked by the update above: no other change of
+                        // this session can take the position between check and write.
+                        upsert_call(tx, &session.session_id, call_id, *seq, text).await?;
+                    }
+                    if let Some((_, new)) = revisions {
+                        match &update.sources {
+                            None => {}
+                            Some(IndexChange::Append(bytes)) if bytes.is_empty() => {}
+                            Some(IndexChange::Append(bytes)) => {
+                                tx.execute(sql::INSERT_INDEX_PART, &[&id, &new, bytes])
+                                    .await?;
+                            }
+                            Some(IndexChange::Replace(bytes)) => {
+                                tx.execute(sql::DELETE_INDEX_PARTS, &[&id]).await?;
+                                tx.execute(sql::INSERT_INDEX_PART, &[&id, &new, bytes])
+                                    .await?;
+                            }
+                        }
+                    }
+                    UpdateSession::Updated
+                } else {
+                    UpdateSession::Conflict {
+                        current: current_revision(tx, id).await?,
+                    }
+                };
+                let drafts = audit(&outcome);
+                Ok(Done::new(outcome, drafts, None))
+            })
+        })
+        .await
 }
 
 /// Insert the call `call_id` or replace the stored one; a `seq` another

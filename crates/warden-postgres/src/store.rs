@@ -10,9 +10,10 @@ use warden_store::{StoreError, StoredAgent};
 
 use crate::codec::agent_out;
 use crate::error::DbResult;
-use crate::pool::{self, Pool};
+use crate::pool::{self, Pool, Readers};
 use crate::schema::{self, quote_ident};
 use crate::sql;
+use crate::writer::{WriterConfig, Writers};
 
 /// How a [`PgStore`] connects. [`PgOptions::default`] is what
 /// [`PgStore::connect`] uses.
@@ -34,6 +35,20 @@ pub struct PgOptions {
     /// How long an operation waits on a database it cannot reach before it
     /// fails [`StoreError::Unavailable`].
     pub timeouts: PgTimeouts,
+    /// How many group-commit writers the store runs, each with a dedicated
+    /// connection of its own (besides the pool): every appending operation
+    /// is queued to one of them and committed with the others queued there,
+    /// in one transaction and one acquisition of the audit head lock.
+    pub writers: usize,
+    /// Most operations one writer commits in one transaction. Each one that
+    /// runs statements takes a savepoint; PostgreSQL keeps up to 64
+    /// subtransactions per transaction in shared memory, past which other
+    /// sessions' snapshots get slower, hence the default of 64.
+    pub max_batch: usize,
+    /// How many connections single-statement reads (tokens, records, the
+    /// audit log and head, envelopes, escalations) share, pipelined, besides
+    /// the pool (which serves the reads of several statements).
+    pub readers: usize,
 }
 
 impl Default for PgOptions {
@@ -43,6 +58,9 @@ impl Default for PgOptions {
             pool_size: 8,
             listen_heartbeat: Duration::from_secs(10),
             timeouts: PgTimeouts::default(),
+            writers: 2,
+            max_batch: 64,
+            readers: 4,
         }
     }
 }
@@ -96,6 +114,10 @@ pub fn is_postgres_url(url: &str) -> bool {
 
 pub(crate) struct Inner {
     pub(crate) pool: Pool,
+    /// The shared connections of single-statement reads.
+    pub(crate) readers: Readers,
+    /// The group-commit writers every appending operation goes through.
+    pub(crate) writers: Writers,
     /// Config for extra connections (the change listener).
     pub(crate) config: Config,
     /// SQL run on every new connection.
@@ -192,12 +214,25 @@ impl PgStore {
         schema::migrate(&mut first, &schema, create).await?;
         let pool = Pool::new(config.clone(), setup.clone(), options.pool_size);
         pool.adopt((first, first_driver));
+        let channel = channel_for(&schema);
+        let writers = Writers::spawn(
+            options.writers,
+            WriterConfig {
+                config: config.clone(),
+                setup: setup.clone(),
+                channel: channel.clone(),
+                max_batch: options.max_batch,
+            },
+        );
+        let readers = Readers::new(config.clone(), setup.clone(), options.readers);
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
+                readers,
+                writers,
                 config,
                 setup,
-                channel: channel_for(&schema),
+                channel,
                 schema,
                 options,
             }),
@@ -226,15 +261,20 @@ impl PgStore {
             .collect()
     }
 
-    /// Run one read statement on a pooled connection and decode its rows.
+    /// Run one read statement on a shared connection and decode its rows.
     pub(crate) async fn read<R>(
         &self,
         sql: &'static str,
         params: pool::Params<'_>,
         f: impl Fn(&tokio_postgres::Row) -> Result<R, StoreError>,
     ) -> Result<Vec<R>, StoreError> {
-        let mut conn = self.inner.pool.get().await?;
-        conn.query(sql, params).await?.iter().map(f).collect()
+        self.inner
+            .readers
+            .query(sql, params)
+            .await?
+            .iter()
+            .map(f)
+            .collect()
     }
 }
 

@@ -1,5 +1,5 @@
-//! The end of every writing transaction: the audit append under the head
-//! lock, the change record, the commit; and helpers the operations share.
+//! The end of every group transaction: the audit append under the head
+//! lock, the change records, the commit; and helpers the operations share.
 
 use warden_core::audit::{AuditDraft, ChainHead};
 use warden_core::ids::{AgentId, Key, Namespace};
@@ -35,108 +35,171 @@ pub(crate) struct ChangeRec {
 }
 
 impl Tx<'_> {
-    /// Append `drafts` and record `change` under the head lock, then
-    /// commit. Returns the head after the append.
+    /// The end of a writer's group transaction: take the head row lock,
+    /// record `changes` in order, seal `drafts` after the head and insert
+    /// them with the new head, and commit (the insert and the `COMMIT`
+    /// pipelined). Returns the head before the append and the head after
+    /// each draft, in order.
     ///
-    /// The head row lock is taken last, after the transaction's own
-    /// changes, so it is held only for the append and the commit.
-    pub(crate) async fn finish(
+    /// The head row lock is taken last, after every job's own statements,
+    /// so it is held only for the lock itself, the changes (rare: agent and
+    /// token changes), one pipelined round trip and the commit flush.
+    pub(crate) async fn seal_and_commit(
         mut self,
         drafts: Vec<AuditDraft>,
-        change: Option<ChangeRec>,
+        changes: Vec<ChangeRec>,
         channel: &str,
-    ) -> Result<ChainHead, StoreError> {
-        if drafts.is_empty() && change.is_none() {
+    ) -> Result<(ChainHead, Vec<ChainHead>), StoreError> {
+        if drafts.is_empty() && changes.is_empty() {
             let head = self
                 .query_opt(sql::HEAD, &[])
                 .await?
                 .ok_or_else(missing_head)
                 .and_then(|r| head_out(&r))?;
             self.commit().await?;
-            return Ok(head);
+            return Ok((head, Vec::new()));
         }
         let row = self
             .query_opt(sql::LOCK_HEAD, &[])
             .await?
             .ok_or_else(missing_head)?;
-        let mut head = head_out(&row)?;
-        if !drafts.is_empty() {
-            head = self.append(head, drafts).await?;
-        }
-        if let Some(change) = change {
+        let head = head_out(&row)?;
+        for change in changes {
             let ids: Vec<String> = change.ids.iter().map(|s| text_in(s).into_owned()).collect();
             self.query(sql::RECORD_CHANGE, &[&change.kind.as_str(), &ids, &channel])
                 .await?;
         }
-        self.commit().await?;
-        Ok(head)
+        if drafts.is_empty() {
+            self.commit().await?;
+            return Ok((head, Vec::new()));
+        }
+        let heads = self.append_and_commit(head, drafts).await?;
+        Ok((head, heads))
     }
 
-    /// Seal `drafts` after `head` (whose row lock this transaction holds)
-    /// and insert them with the new head in one statement.
-    async fn append(
-        &mut self,
+    /// Seal `drafts` after `head` (whose row lock this transaction holds),
+    /// insert them with the new head in one statement and commit; returns
+    /// the head after each draft.
+    async fn append_and_commit(
+        self,
         head: ChainHead,
         drafts: Vec<AuditDraft>,
-    ) -> Result<ChainHead, StoreError> {
+    ) -> Result<Vec<ChainHead>, StoreError> {
+        let sealed = Sealed::new(head, drafts)?;
+        self.execute_and_commit(sql::APPEND, &sealed.params())
+            .await?;
+        Ok(sealed.heads)
+    }
+}
+
+/// A group's audit entries sealed after the head, as the parameters of
+/// [`sql::APPEND`].
+pub(crate) struct Sealed {
+    seqs: Vec<i64>,
+    times: Vec<i64>,
+    subjects: Vec<String>,
+    operations: Vec<String>,
+    resources: Vec<String>,
+    verdicts: Vec<&'static str>,
+    reasons: Vec<String>,
+    policies: Vec<String>,
+    details: Vec<String>,
+    prevs: Vec<Vec<u8>>,
+    hashes: Vec<Vec<u8>>,
+    head_seq: i64,
+    head_hash: Vec<u8>,
+    /// The head after each entry.
+    pub(crate) heads: Vec<ChainHead>,
+}
+
+impl Sealed {
+    pub(crate) fn new(head: ChainHead, drafts: Vec<AuditDraft>) -> Result<Self, StoreError> {
         let n = drafts.len();
-        let mut seqs = Vec::with_capacity(n);
-        let mut times = Vec::with_capacity(n);
-        let mut subjects = Vec::with_capacity(n);
-        let mut operations = Vec::with_capacity(n);
-        let mut resources = Vec::with_capacity(n);
-        let mut verdicts = Vec::with_capacity(n);
-        let mut reasons = Vec::with_capacity(n);
-        let mut policies = Vec::with_capacity(n);
-        let mut details = Vec::with_capacity(n);
-        let mut prevs: Vec<Vec<u8>> = Vec::with_capacity(n);
-        let mut hashes: Vec<Vec<u8>> = Vec::with_capacity(n);
+        let mut s = Sealed {
+            seqs: Vec::with_capacity(n),
+            times: Vec::with_capacity(n),
+            subjects: Vec::with_capacity(n),
+            operations: Vec::with_capacity(n),
+            resources: Vec::with_capacity(n),
+            verdicts: Vec::with_capacity(n),
+            reasons: Vec::with_capacity(n),
+            policies: Vec::with_capacity(n),
+            details: Vec::with_capacity(n),
+            prevs: Vec::with_capacity(n),
+            hashes: Vec::with_capacity(n),
+            head_seq: 0,
+            head_hash: Vec::new(),
+            heads: Vec::with_capacity(n),
+        };
         let mut next = head;
         for draft in drafts {
             let seq = next.seq.checked_add(1).ok_or_else(|| {
                 StoreError::backend("the audit log is full (sequence number overflow)")
             })?;
             let entry = draft.seal(seq, next.hash);
-            seqs.push(u64_in(entry.seq, "audit sequence number")?);
-            times.push(entry.draft.time.0);
-            subjects.push(text_in(&entry.draft.subject).into_owned());
-            operations.push(text_in(&entry.draft.operation).into_owned());
-            resources.push(text_in(&entry.draft.resource).into_owned());
-            verdicts.push(codec::verdict_in(entry.draft.verdict));
-            reasons.push(text_in(&entry.draft.reason).into_owned());
-            policies.push(text_in(&entry.draft.policy_version).into_owned());
-            details.push(json_in(&entry.draft.details)?);
-            prevs.push(entry.prev_hash.0.to_vec());
-            hashes.push(entry.hash.0.to_vec());
+            s.seqs.push(u64_in(entry.seq, "audit sequence number")?);
+            s.times.push(entry.draft.time.0);
+            s.subjects.push(text_in(&entry.draft.subject).into_owned());
+            s.operations
+                .push(text_in(&entry.draft.operation).into_owned());
+            s.resources
+                .push(text_in(&entry.draft.resource).into_owned());
+            s.verdicts.push(codec::verdict_in(entry.draft.verdict));
+            s.reasons.push(text_in(&entry.draft.reason).into_owned());
+            s.policies
+                .push(text_in(&entry.draft.policy_version).into_owned());
+            s.details.push(json_in(&entry.draft.details)?);
+            s.prevs.push(entry.prev_hash.0.to_vec());
+            s.hashes.push(entry.hash.0.to_vec());
             next = ChainHead {
                 count: next.count + 1,
                 seq: entry.seq,
                 hash: entry.hash,
             };
+            s.heads.push(next);
         }
-        let head_seq = u64_in(next.seq, "audit sequence number")?;
-        let head_hash = next.hash.0.to_vec();
-        self.execute(
-            sql::APPEND,
-            &[
-                &seqs,
-                &times,
-                &subjects,
-                &operations,
-                &resources,
-                &verdicts,
-                &reasons,
-                &policies,
-                &details,
-                &prevs,
-                &hashes,
-                &head_seq,
-                &head_hash,
-            ],
-        )
-        .await?;
-        Ok(next)
+        s.head_seq = u64_in(next.seq, "audit sequence number")?;
+        s.head_hash = next.hash.0.to_vec();
+        Ok(s)
     }
+
+    pub(crate) fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 13] {
+        [
+            &self.seqs,
+            &self.times,
+            &self.subjects,
+            &self.operations,
+            &self.resources,
+            &self.verdicts,
+            &self.reasons,
+            &self.policies,
+            &self.details,
+            &self.prevs,
+            &self.hashes,
+            &self.head_seq,
+            &self.head_hash,
+        ]
+    }
+}
+
+/// The audit-only group: `BEGIN` with the head lock in one round trip, then
+/// the insert with the `COMMIT` in another. Returns the head before and
+/// after each draft.
+pub(crate) async fn append_only(
+    conn: &mut crate::pool::Conn,
+    drafts: Vec<AuditDraft>,
+) -> Result<(ChainHead, Vec<ChainHead>), StoreError> {
+    let (seq, hash) = conn.begin_locking_head().await?;
+    let seq = u64_out(seq, "audit head sequence number")?;
+    let head = ChainHead {
+        count: seq,
+        seq,
+        hash: codec::digest_out(&hash, "the audit head hash")?,
+    };
+    let sealed = Sealed::new(head, drafts)?;
+    conn.execute_and_commit(sql::APPEND, &sealed.params())
+        .await?;
+    Ok((head, sealed.heads))
 }
 
 pub(crate) fn not_found(entity: Entity, id: impl std::fmt::Display) -> StoreError {

@@ -17,6 +17,7 @@ mod support;
 
 mod agents;
 mod audit;
+mod batch;
 mod changes;
 mod concurrency;
 mod context;

@@ -1,0 +1,453 @@
+//! The group-commit writers: tasks that each own a dedicated connection
+//! and commit queued jobs in groups, one head-lock acquisition per group.
+//!
+//! Every appending operation is a job sent over a channel: a closure over
+//! the group transaction that runs the operation's statements and returns
+//! its value, its audit drafts and its change record ([`Done`]). A writer
+//! takes every job queued (up to `max_batch`), `BEGIN`s, runs each job in
+//! its own `SAVEPOINT` (a job that fails rolls back alone, its statements
+//! and its audit drafts together; a job that runs no statement, the record
+//! of a resolve or of a denial, needs none), then takes the `audit_head`
+//! row lock once, records the group's changes, seals all its drafts after
+//! the head and inserts them in one statement pipelined with the `COMMIT`,
+//! and only then answers each job. So:
+//!
+//! - every acknowledgement follows a durable `COMMIT`;
+//! - the head lock is taken once per group and held for two round trips
+//!   and the commit flush, however many decisions the group holds;
+//! - a lost transaction (the connection dropped, a failed `COMMIT`)
+//!   answers every job of the group with the error: none is acknowledged.
+//!   (As for any commit, a connection lost *during* `COMMIT` leaves the
+//!   outcome unknown to the callers: all of the group or none of it.)
+//!
+//! Each group runs on a task of its own: a job that panics (an `AuditFn`
+//! is caller code) loses its group's connection, which rolls the group
+//! back; its callers get an error and the writer carries on with a new
+//! connection. A broken connection is replaced before the next group.
+//!
+//! Jobs are routed to a writer by a key (the record's owner, the run, the
+//! session...), so jobs that lock the same rows queue behind one another in
+//! one writer rather than wait on another writer's open group; jobs
+//! without a key (audit records only) go round-robin.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_postgres::Config;
+use warden_core::audit::{AuditDraft, ChainHead};
+use warden_store::StoreError;
+
+use crate::pool::{self, Conn, Tx};
+use crate::tx::ChangeRec;
+
+/// What a job leaves: its value, its audit drafts, its change record.
+pub(crate) struct Done<R> {
+    pub(crate) value: R,
+    pub(crate) drafts: Vec<AuditDraft>,
+    pub(crate) change: Option<ChangeRec>,
+}
+
+impl<R> Done<R> {
+    pub(crate) fn new(value: R, drafts: Vec<AuditDraft>, change: Option<ChangeRec>) -> Self {
+        Self {
+            value,
+            drafts,
+            change,
+        }
+    }
+}
+
+/// The future of a job over the group transaction.
+pub(crate) type JobFuture<'a, R> =
+    Pin<Box<dyn Future<Output = Result<Done<R>, StoreError>> + Send + 'a>>;
+
+/// Which writer takes a job.
+#[derive(Clone, Copy)]
+pub(crate) enum Route<'k> {
+    /// Any writer (a job that locks no row).
+    Any,
+    /// The writer of this key: jobs on the same rows share it.
+    Key(&'k str),
+}
+
+type Effects = Option<(Vec<AuditDraft>, Option<ChangeRec>)>;
+
+/// A job that ran: its effects (none when it failed and was rolled back)
+/// and how to answer once the group's fate is known.
+struct Ran {
+    effects: Effects,
+    answer: Box<dyn Answer>,
+}
+
+/// A queued job, type-erased.
+trait Job: Send {
+    /// Whether it runs statements (and so needs a savepoint).
+    fn statements(&self) -> bool;
+    fn run<'a>(
+        self: Box<Self>,
+        tx: &'a mut Tx<'_>,
+    ) -> Pin<Box<dyn Future<Output = Ran> + Send + 'a>>;
+    /// Answer without running.
+    fn fail(self: Box<Self>, err: StoreError);
+    /// For a job that runs no statement: its effects and answer, without
+    /// a transaction. Any other job is handed back.
+    fn audit_only(self: Box<Self>) -> Result<Ran, Box<dyn Job>>;
+}
+
+type Reply<R> = oneshot::Sender<Result<(R, ChainHead), StoreError>>;
+
+/// The answer of a job that ran, held until the group commits.
+trait Answer: Send {
+    /// `commit` is the group's outcome: the head after this job's drafts.
+    fn send(self: Box<Self>, commit: Result<ChainHead, &Arc<StoreError>>);
+}
+
+struct Pending<R> {
+    result: Result<R, StoreError>,
+    reply: Reply<R>,
+}
+
+impl<R: Send> Answer for Pending<R> {
+    fn send(self: Box<Self>, commit: Result<ChainHead, &Arc<StoreError>>) {
+        let result = match (self.result, commit) {
+            (Ok(r), Ok(head)) => Ok((r, head)),
+            (Ok(_), Err(e)) => Err(StoreError::fan_out(e)),
+            (Err(e), _) => Err(e),
+        };
+        // The caller may have gone away; the outcome stands regardless.
+        let _ = self.reply.send(result);
+    }
+}
+
+struct Op<F, R> {
+    f: F,
+    reply: Reply<R>,
+}
+
+/// A job that only appends audit entries.
+struct AuditOnly {
+    drafts: Vec<AuditDraft>,
+    reply: Reply<()>,
+}
+
+impl AuditOnly {
+    fn ran(self) -> Ran {
+        Ran {
+            effects: Some((self.drafts, None)),
+            answer: Box::new(Pending {
+                result: Ok(()),
+                reply: self.reply,
+            }),
+        }
+    }
+}
+
+impl Job for AuditOnly {
+    fn statements(&self) -> bool {
+        false
+    }
+
+    fn run<'a>(
+        self: Box<Self>,
+        _: &'a mut Tx<'_>,
+    ) -> Pin<Box<dyn Future<Output = Ran> + Send + 'a>> {
+        Box::pin(std::future::ready(self.ran()))
+    }
+
+    fn fail(self: Box<Self>, err: StoreError) {
+        let _ = self.reply.send(Err(err));
+    }
+
+    fn audit_only(self: Box<Self>) -> Result<Ran, Box<dyn Job>> {
+        Ok(self.ran())
+    }
+}
+
+impl<F, R> Job for Op<F, R>
+where
+    F: for<'a, 'c> FnOnce(&'a mut Tx<'c>) -> JobFuture<'a, R> + Send + 'static,
+    R: Send + 'static,
+{
+    fn statements(&self) -> bool {
+        true
+    }
+
+    fn run<'a>(
+        self: Box<Self>,
+        tx: &'a mut Tx<'_>,
+    ) -> Pin<Box<dyn Future<Output = Ran> + Send + 'a>> {
+        let Op { f, reply, .. } = *self;
+        Box::pin(async move {
+            match f(tx).await {
+                Ok(done) => Ran {
+                    effects: Some((done.drafts, done.change)),
+                    answer: Box::new(Pending {
+                        result: Ok(done.value),
+                        reply,
+                    }),
+                },
+                Err(e) => Ran {
+                    effects: None,
+                    answer: Box::new(Pending {
+                        result: Err(e),
+                        reply,
+                    }),
+                },
+            }
+        })
+    }
+
+    fn fail(self: Box<Self>, err: StoreError) {
+        let _ = self.reply.send(Err(err));
+    }
+
+    fn audit_only(self: Box<Self>) -> Result<Ran, Box<dyn Job>> {
+        Err(self)
+    }
+}
+
+/// The writers of one store; dropping it stops them once they have
+/// answered every queued job.
+pub(crate) struct Writers {
+    senders: Vec<mpsc::UnboundedSender<Box<dyn Job>>>,
+    next: AtomicUsize,
+}
+
+/// What a writer needs to (re)connect and to record changes.
+#[derive(Clone)]
+pub(crate) struct WriterConfig {
+    pub(crate) config: Config,
+    pub(crate) setup: String,
+    pub(crate) channel: String,
+    pub(crate) max_batch: usize,
+}
+
+impl Writers {
+    /// Start `count` writers (at least one).
+    pub(crate) fn spawn(count: usize, config: WriterConfig) -> Self {
+        let senders = (0..count.max(1))
+            .map(|_| {
+                let (sender, receiver) = mpsc::unbounded_channel();
+                tokio::spawn(run(config.clone(), receiver));
+                sender
+            })
+            .collect();
+        Self {
+            senders,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    fn sender(&self, route: Route<'_>) -> Option<&mpsc::UnboundedSender<Box<dyn Job>>> {
+        let n = self.senders.len();
+        let i = match route {
+            Route::Any => self.next.fetch_add(1, Ordering::Relaxed) % n,
+            Route::Key(key) => {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                key.hash(&mut h);
+                (h.finish() % n as u64) as usize
+            }
+        };
+        self.senders.get(i)
+    }
+
+    async fn submit<R: Send + 'static>(
+        &self,
+        route: Route<'_>,
+        job: Box<dyn Job>,
+        answer: oneshot::Receiver<Result<(R, ChainHead), StoreError>>,
+    ) -> Result<(R, ChainHead), StoreError> {
+        let stopped = || StoreError::backend("the postgres writer has stopped");
+        self.sender(route)
+            .ok_or_else(stopped)?
+            .send(job)
+            .map_err(|_| stopped())?;
+        answer.await.map_err(|_| {
+            StoreError::backend(
+                "a storage job panicked or its writer stopped; its group was rolled back",
+            )
+        })?
+    }
+
+    /// Run `f` in a writer's group transaction; resolves once the group
+    /// that holds it has committed (or failed).
+    pub(crate) async fn write<R, F>(&self, route: Route<'_>, f: F) -> Result<R, StoreError>
+    where
+        F: for<'a, 'c> FnOnce(&'a mut Tx<'c>) -> JobFuture<'a, R> + Send + 'static,
+        R: Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        Ok(self
+            .submit(route, Box::new(Op { f, reply }), answer)
+            .await?
+            .0)
+    }
+
+    /// Append `drafts` (no statement of their own) with the next group;
+    /// returns the head after them.
+    pub(crate) async fn append(&self, drafts: Vec<AuditDraft>) -> Result<ChainHead, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let (_, head) = self
+            .submit(Route::Any, Box::new(AuditOnly { drafts, reply }), answer)
+            .await?;
+        Ok(head)
+    }
+}
+
+/// One writer: takes what is queued, commits it as one group, repeats.
+async fn run(config: WriterConfig, mut receiver: mpsc::UnboundedReceiver<Box<dyn Job>>) {
+    let max_batch = config.max_batch.max(1);
+    let config = Arc::new(config);
+    let mut conn: Option<Conn> = None;
+    let mut jobs: Vec<Box<dyn Job>> = Vec::with_capacity(max_batch);
+    while let Some(job) = receiver.recv().await {
+        jobs.push(job);
+        while jobs.len() < max_batch {
+            match receiver.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        let group = std::mem::replace(&mut jobs, Vec::with_capacity(max_batch));
+        let c = match conn.take() {
+            Some(c) if c.is_usable() => c,
+            stale => {
+                if let Some(c) = stale {
+                    pool::discard(c);
+                }
+                match Conn::open(&config.config, &config.setup).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let e = Arc::new(e);
+                        for job in group {
+                            job.fail(StoreError::fan_out(&e));
+                        }
+                        continue;
+                    }
+                }
+            }
+        };
+        let config = Arc::clone(&config);
+        // A panic in a job ends this task, dropping the connection (the
+        // database rolls the group back) and the group's replies.
+        if let Ok(c) =
+            tokio::spawn(async move { commit_group(c, group, &config.channel).await }).await
+        {
+            conn = Some(c);
+        }
+    }
+}
+
+/// Run `jobs` in one transaction on `conn` and answer them.
+async fn commit_group(mut conn: Conn, jobs: Vec<Box<dyn Job>>, channel: &str) -> Conn {
+    run_group(&mut conn, jobs, channel).await;
+    conn
+}
+
+async fn run_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>, channel: &str) {
+    if jobs.iter().all(|j| !j.statements()) {
+        return audit_group(conn, jobs).await;
+    }
+    let mut tx = match conn.begin().await {
+        Ok(tx) => tx,
+        Err(e) => {
+            let e = Arc::new(e);
+            for job in jobs {
+                job.fail(StoreError::fan_out(&e));
+            }
+            return;
+        }
+    };
+    let mut answers: Vec<(Box<dyn Answer>, usize)> = Vec::with_capacity(jobs.len());
+    let mut drafts = Vec::new();
+    let mut changes = Vec::new();
+    let mut broken: Option<StoreError> = None;
+    let mut lost: Option<Arc<StoreError>> = None;
+    let mut queue = jobs.into_iter();
+    for job in queue.by_ref() {
+        let savepoint = job.statements();
+        if savepoint && let Err(e) = tx.simple("SAVEPOINT job").await {
+            // The transaction is lost: this job and the rest are answered
+            // with its error (the queue below), keeping its kind.
+            let e = Arc::new(e);
+            job.fail(StoreError::fan_out(&e));
+            lost = Some(e);
+            break;
+        }
+        let ran = job.run(&mut tx).await;
+        match ran.effects {
+            Some((d, c)) => {
+                drafts.extend(d);
+                changes.extend(c);
+            }
+            None if savepoint => {
+                if let Err(e) = tx.simple("ROLLBACK TO SAVEPOINT job").await {
+                    broken = Some(e);
+                }
+            }
+            None => {}
+        }
+        answers.push((ran.answer, drafts.len()));
+        if broken.is_some() {
+            break;
+        }
+    }
+    let outcome = match (lost, broken) {
+        (Some(e), _) => {
+            drop(tx);
+            Err(e)
+        }
+        (None, Some(e)) => {
+            drop(tx);
+            Err(Arc::new(e))
+        }
+        (None, None) => tx
+            .seal_and_commit(drafts, changes, channel)
+            .await
+            .map_err(Arc::new),
+    };
+    for (answer, end) in answers {
+        answer.send(match &outcome {
+            Ok((base, heads)) => Ok(end
+                .checked_sub(1)
+                .and_then(|i| heads.get(i).copied())
+                .unwrap_or(*base)),
+            Err(e) => Err(e),
+        });
+    }
+    if let Err(e) = &outcome {
+        for job in queue {
+            job.fail(StoreError::fan_out(e));
+        }
+    }
+}
+
+/// A group of audit-only jobs: three messages, two round trips.
+async fn audit_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>) {
+    let mut answers = Vec::with_capacity(jobs.len());
+    let mut drafts = Vec::new();
+    for job in jobs {
+        match job.audit_only() {
+            Ok(ran) => {
+                if let Some((d, _)) = ran.effects {
+                    drafts.extend(d);
+                }
+                answers.push((ran.answer, drafts.len()));
+            }
+            Err(job) => job.fail(StoreError::backend("a write was queued as an audit record")),
+        }
+    }
+    let outcome = crate::tx::append_only(conn, drafts).await.map_err(Arc::new);
+    for (answer, end) in answers {
+        answer.send(match &outcome {
+            Ok((base, heads)) => Ok(end
+                .checked_sub(1)
+                .and_then(|i| heads.get(i).copied())
+                .unwrap_or(*base)),
+            Err(e) => Err(e),
+        });
+    }
+}
