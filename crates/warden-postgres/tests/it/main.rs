@@ -24,6 +24,7 @@ mod crash;
 mod migrations;
 mod pool;
 mod quotas;
+mod rates;
 mod runs;
 mod sessions;
 

@@ -25,4 +25,5 @@ mod session_plans;
 mod session_properties;
 mod session_restrictions;
 mod sessions;
+mod shared_servers;
 mod support;
