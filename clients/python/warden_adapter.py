@@ -214,7 +214,8 @@ class WardenClient:
         return self.request("GET", "/healthz")
 
     def envelope_key(self) -> dict:
-        """The server's envelope signing key: ``{algorithm, issuer, key_source, public_key}``."""
+        """The server's envelope signing key: ``{algorithm, issuer, key_source, public_key,
+        verifying_keys}`` (and ``generation`` for a stored key)."""
         return self.request("GET", "/v1/envelope-key")
 
     # --- agent ---------------------------------------------------------------

@@ -37,7 +37,9 @@ enum Command {
         /// its cached hierarchy with the database in full, besides applying
         /// other servers' changes as they are notified. The longest a
         /// revocation made on another server can go unnoticed here when its
-        /// notification is lost.
+        /// notification is lost (plus one reload). Also how often the
+        /// stored envelope signing keys are read again (a `warden keys
+        /// rotate` takes effect within it).
         #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
         sync_interval_ms: u64,
         #[command(flatten)]
@@ -100,6 +102,33 @@ enum Command {
     Audit {
         #[command(subcommand)]
         command: AuditCommand,
+    },
+    /// The envelope signing keys stored in the database (shared by every
+    /// server on it; `WARDEN_ENVELOPE_SIGNING_KEY`, when set, wins).
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum KeysCommand {
+    /// List the stored keys: generation, issuer, public key, creation
+    /// time; the last is current (never the seed).
+    List {
+        /// Database URL (`sqlite://PATH` or `postgres://...`).
+        #[arg(long)]
+        database: String,
+    },
+    /// Store a new random key as the current one (recorded). Earlier keys
+    /// stay published as verifying keys, so what they signed still
+    /// verifies; running servers switch at their next reload (every
+    /// `--sync-interval-ms`). On SQLite, run it while no server holds the
+    /// file.
+    Rotate {
+        /// Database URL (`sqlite://PATH` or `postgres://...`).
+        #[arg(long)]
+        database: String,
     },
 }
 
@@ -239,6 +268,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ),
             AuditCommand::Keygen { out } => crate::audit::keygen(&out),
             AuditCommand::Export { database, after } => crate::audit::export(&database, after),
+        },
+        Command::Keys { command } => match command {
+            KeysCommand::List { database } => crate::keys::list(&database),
+            KeysCommand::Rotate { database } => crate::keys::rotate(&database),
         },
     }
 }

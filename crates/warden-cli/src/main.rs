@@ -10,6 +10,7 @@ mod checkpoint;
 mod cli;
 mod demo;
 mod example;
+mod keys;
 mod mcp;
 mod policy;
 mod serve;

@@ -119,6 +119,9 @@ async fn serve(
     )
     .await
     .with_context(|| format!("opening the engine over `{shown}`"))?;
+    // The stored envelope keys are read again every sync interval, so a
+    // `warden keys rotate` reaches this server within one interval.
+    tokio::spawn(reload_envelope_keys(state.clone(), sync_interval));
     if let Some((pg, changes)) = feed {
         tokio::spawn(crate::sync::follow(
             pg,
@@ -175,6 +178,25 @@ async fn serve(
     audit_task.finish().await;
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Reload the stored envelope keys every `interval` (nothing to do when the
+/// key comes from the environment).
+async fn reload_envelope_keys<S: warden_store::Store>(state: AppState<S>, interval: Duration) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        match state.reload_envelope_keys().await {
+            Ok(true) => {
+                let signer = state.signer();
+                tracing::info!(issuer = %signer.issuer(), "envelope signing key rotated");
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "reloading the envelope signing keys failed"),
+        }
+    }
 }
 
 /// SIGINT (Ctrl-C) and SIGTERM, caught from the moment this is built: it is

@@ -231,6 +231,7 @@ mod pool;
 mod runs;
 mod schema;
 mod sessions;
+mod shared;
 mod sql;
 mod store;
 mod store_impl;

@@ -15,7 +15,7 @@ use warden_store::StoreError;
 use crate::error::DbResult;
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// Every migration, in order: `(version it produces, SQL)`.
 ///
@@ -30,6 +30,9 @@ pub const SCHEMA_VERSION: i64 = 7;
 ///   leases (`run_steps.lease_holder`, `lease_expires_at`).
 /// - 7: a session's source index in parts (`session_index`), out of the
 ///   session row: a result appends its delta.
+/// - 8: state servers share: request-rate buckets (`request_buckets` and the
+///   `take_request_tokens` function) and envelope signing keys
+///   (`envelope_signing_keys`).
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("migrations/0001_initial.sql")),
     (2, include_str!("migrations/0002_context.sql")),
@@ -38,6 +41,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (5, include_str!("migrations/0005_call_seq_unique.sql")),
     (6, include_str!("migrations/0006_bound_requests.sql")),
     (7, include_str!("migrations/0007_session_index_parts.sql")),
+    (8, include_str!("migrations/0008_shared_server_state.sql")),
 ];
 
 /// First key of the migration advisory lock ("Ward").

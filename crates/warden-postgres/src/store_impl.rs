@@ -246,4 +246,24 @@ impl Store for PgStore {
     ) -> Result<Vec<SessionRecord>, StoreError> {
         crate::sessions::list_sessions(self, agent, limit).await
     }
+
+    async fn take_request_tokens(
+        &self,
+        charges: Vec<warden_store::RateCharge>,
+        now: Timestamp,
+    ) -> Result<warden_store::TakeTokens, StoreError> {
+        crate::shared::take_request_tokens(self, charges, now).await
+    }
+
+    async fn signing_keys(&self) -> Result<Vec<warden_store::SigningKeyRecord>, StoreError> {
+        crate::shared::signing_keys(self).await
+    }
+
+    async fn insert_signing_key(
+        &self,
+        key: warden_store::SigningKeyRecord,
+        audit: Vec<AuditDraft>,
+    ) -> Result<bool, StoreError> {
+        crate::shared::insert_signing_key(self, key, audit).await
+    }
 }

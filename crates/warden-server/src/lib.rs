@@ -63,7 +63,9 @@ pub use conn::{ConnectionLimits, serve_with};
 pub use error::ApiError;
 pub use metered::Metered;
 pub use routes::{API, Access, ErrorDoc, Payload, ROUTES, Route, RouteDoc, WireType, router};
-pub use signing::{EnvelopeKeyConfig, EnvelopeKeySource, EnvelopeSigner};
+pub use signing::{
+    EnvelopeKeyConfig, EnvelopeKeySource, EnvelopeKeys, EnvelopeSigner, PublishedKey,
+};
 pub use state::{AppState, Limits, PROVENANCE_SECRET_ENV, ServerConfig};
 
 /// Serve the API on `listener` with the default [`ConnectionLimits`]

@@ -65,7 +65,20 @@ impl<S: Store> Store for Metered<S> {
     warden_store::forward_store!(field inner;
         load_agents, find_token, get_records, owner_usage, audit_page, audit_head, get_run,
         get_envelope, get_escalation, list_escalations, get_session, get_session_head,
-        list_sessions);
+        list_sessions, take_request_tokens, signing_keys);
+
+    async fn insert_signing_key(
+        &self,
+        key: warden_store::SigningKeyRecord,
+        audit: Vec<AuditDraft>,
+    ) -> Result<bool, StoreError> {
+        let r = self.inner.insert_signing_key(key, audit.clone()).await;
+        // Only a stored key appended its entries.
+        match r {
+            Ok(true) => self.after(Ok(true), &audit),
+            other => other,
+        }
+    }
 
     async fn insert_agent(
         &self,

@@ -1,6 +1,6 @@
 //! The server's shared state and configuration.
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use warden::{Clock, Engine, EngineError};
@@ -9,7 +9,7 @@ use warden_store::Store;
 
 use crate::metered::Metered;
 use crate::metrics::Metrics;
-use crate::signing::{EnvelopeKeyConfig, EnvelopeSigner};
+use crate::signing::{EnvelopeKeyConfig, EnvelopeKeys, EnvelopeSigner};
 
 /// Limits on what one request may carry.
 #[derive(Debug, Clone)]
@@ -67,8 +67,8 @@ pub struct ServerConfig {
 
 impl Default for ServerConfig {
     /// Default limits, 30 s request timeout, runs count for an hour, the
-    /// signing key from `WARDEN_ENVELOPE_SIGNING_KEY` (else random per
-    /// process), receipts resolvable for 30 days.
+    /// signing key from `WARDEN_ENVELOPE_SIGNING_KEY` (else the one stored
+    /// in the database), receipts resolvable for 30 days.
     fn default() -> Self {
         Self {
             limits: Limits::default(),
@@ -92,7 +92,10 @@ pub(crate) struct Shared<S> {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) config: ServerConfig,
     pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) signer: EnvelopeSigner,
+    /// The envelope keys in use (swapped whole by a reload).
+    pub(crate) keys: RwLock<Arc<EnvelopeKeys>>,
+    /// Whether they are the stored ones (and reloads read them).
+    pub(crate) keys_stored: bool,
 }
 
 /// Everything a request handler needs; cheap to clone.
@@ -127,7 +130,7 @@ impl<S: Store> AppState<S> {
         clock: Arc<dyn Clock>,
         config: ServerConfig,
     ) -> Result<Self, EngineError> {
-        let signer = EnvelopeSigner::new(&config.envelope_key)
+        let configured = EnvelopeSigner::configured(&config.envelope_key)
             .map_err(|e| EngineError::input(crate::signing::ENVELOPE_SIGNING_KEY_ENV, e))?;
         let metrics = Arc::new(Metrics::new());
         let store = Metered::new(store, Arc::clone(&metrics));
@@ -138,15 +141,44 @@ impl<S: Store> AppState<S> {
                 .set_provenance_secret(secret.as_bytes())
                 .map_err(|e| EngineError::input(PROVENANCE_SECRET_ENV, e))?;
         }
+        let keys_stored = configured.is_none();
+        let keys = match configured {
+            Some(signer) => EnvelopeKeys::single(signer),
+            None => {
+                let seed = crate::signing::random_seed().map_err(EngineError::internal)?;
+                let stored = engine.envelope_keys_or_create(seed).await?;
+                EnvelopeKeys::stored(&stored).map_err(EngineError::internal)?
+            }
+        };
         Ok(Self {
             shared: Arc::new(Shared {
                 engine,
                 metrics,
                 config,
                 clock,
-                signer,
+                keys: RwLock::new(Arc::new(keys)),
+                keys_stored,
             }),
         })
+    }
+
+    /// Read the stored envelope keys again (when the key in use is the
+    /// stored one): a rotation made since (by `warden keys rotate`, on any
+    /// server) takes effect here now. `true` if the keys changed.
+    pub async fn reload_envelope_keys(&self) -> Result<bool, EngineError> {
+        if !self.shared.keys_stored {
+            return Ok(false);
+        }
+        let stored = self.engine().envelope_keys().await?;
+        let fresh = EnvelopeKeys::stored(&stored).map_err(EngineError::internal)?;
+        let Ok(mut keys) = self.shared.keys.write() else {
+            return Err(EngineError::internal("envelope key lock poisoned"));
+        };
+        if keys.verifying() == fresh.verifying() {
+            return Ok(false);
+        }
+        *keys = Arc::new(fresh);
+        Ok(true)
     }
 
     /// The engine.
@@ -183,8 +215,16 @@ impl<S: Store> AppState<S> {
     }
 
     /// The key that signs exported envelopes and names receipts' issuer.
-    pub fn signer(&self) -> &EnvelopeSigner {
-        &self.shared.signer
+    pub fn signer(&self) -> EnvelopeSigner {
+        self.envelope_keys().signer().clone()
+    }
+
+    /// The envelope keys in use: the signer and every verifying key.
+    pub fn envelope_keys(&self) -> Arc<EnvelopeKeys> {
+        match self.shared.keys.read() {
+            Ok(keys) => Arc::clone(&keys),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
     }
 
     pub(crate) fn now_ms(&self) -> i64 {

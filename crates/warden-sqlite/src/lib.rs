@@ -250,6 +250,7 @@ mod audit;
 mod codec;
 mod context;
 mod error;
+mod keys;
 mod lock;
 mod memory;
 #[cfg(test)]

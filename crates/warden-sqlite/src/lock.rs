@@ -33,6 +33,10 @@ use warden_store::StoreError;
 pub(crate) struct WriterLock {
     key: PathBuf,
     file: Option<File>,
+    /// The file's request-rate buckets: one writing process per file, so
+    /// this process's stores of the file are the whole deployment and
+    /// share one table.
+    pub(crate) rates: warden_store::RateBuckets,
 }
 
 impl Drop for WriterLock {
@@ -88,6 +92,7 @@ pub(crate) fn acquire(db: &Path) -> Result<Arc<WriterLock>, StoreError> {
                 let lock = Arc::new(WriterLock {
                     key: key.clone(),
                     file: Some(file),
+                    rates: warden_store::RateBuckets::default(),
                 });
                 held.insert(key, Arc::downgrade(&lock));
                 return Ok(lock);

@@ -19,7 +19,7 @@ use crate::lock::WriterLock;
 use crate::options::{OpenMode, SqliteOptions};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// `PRAGMA application_id` of a Warden database: ASCII `WRDN`. It marks the
 /// file as Warden's before any table is read (`file(1)` shows it too).
@@ -30,7 +30,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
 /// Each runs in the transaction that records its version; append only.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8];
 
 const V1: &str = r#"
 CREATE TABLE meta (
@@ -310,6 +310,23 @@ BEGIN SELECT RAISE(ABORT, 'index parts are appended, never changed'); END;
 INSERT INTO session_index (session_id, revision, bytes)
 SELECT session_id, revision, sources FROM sessions;
 ALTER TABLE sessions DROP COLUMN sources;
+"#;
+
+/// Version 8: envelope signing keys by generation (the highest is
+/// current), written once each and never changed. The seed is stored as it
+/// is: whoever can read the file can sign envelopes. (Request-rate buckets
+/// stay in the writing process: one process writes a file.)
+const V8: &str = r#"
+CREATE TABLE envelope_signing_keys (
+    generation INTEGER PRIMARY KEY CHECK (generation >= 1),
+    seed       BLOB NOT NULL CHECK (length(seed) = 32),
+    public_key BLOB NOT NULL CHECK (length(public_key) = 32),
+    created_at INTEGER NOT NULL
+) STRICT;
+CREATE TRIGGER envelope_signing_keys_no_update BEFORE UPDATE ON envelope_signing_keys
+BEGIN SELECT RAISE(ABORT, 'signing keys are never changed'); END;
+CREATE TRIGGER envelope_signing_keys_no_delete BEFORE DELETE ON envelope_signing_keys
+BEGIN SELECT RAISE(ABORT, 'signing keys are never removed'); END;
 "#;
 
 /// What a file holds, found by reading only.

@@ -68,6 +68,9 @@ pub struct SqliteStore {
     readers: Arc<Readers>,
     writer: Option<Writer>,
     _lock: Option<Arc<WriterLock>>,
+    /// Request-rate buckets of a read-only store (a writing store uses its
+    /// lock's, shared by the process's stores of the file).
+    rates: warden_store::RateBuckets,
     options: SqliteOptions,
     _temp: Option<tempfile::TempDir>,
 }
@@ -156,6 +159,7 @@ impl SqliteStore {
             readers,
             writer,
             _lock: lock,
+            rates: warden_store::RateBuckets::default(),
             options,
             _temp: temp,
         })
@@ -665,6 +669,29 @@ impl Store for SqliteStore {
             return Ok(Vec::new());
         }
         self.read(move |conn| sessions::list_sessions_in(conn, agent.as_ref(), limit))
+            .await
+    }
+
+    async fn take_request_tokens(
+        &self,
+        charges: Vec<warden_store::RateCharge>,
+        now: Timestamp,
+    ) -> Result<warden_store::TakeTokens, StoreError> {
+        let rates = self._lock.as_ref().map_or(&self.rates, |l| &l.rates);
+        rates.take(&charges, now)
+    }
+
+    async fn signing_keys(&self) -> Result<Vec<warden_store::SigningKeyRecord>, StoreError> {
+        self.read_now(crate::keys::signing_keys_in)
+    }
+
+    async fn insert_signing_key(
+        &self,
+        key: warden_store::SigningKeyRecord,
+        audit: Vec<AuditDraft>,
+    ) -> Result<bool, StoreError> {
+        warden_store::check_signing_key(&key)?;
+        self.write(move |tx| crate::keys::insert_signing_key_in(tx, &key, audit))
             .await
     }
 }

@@ -29,6 +29,10 @@ pub enum Entity {
     Call,
     /// The database itself (a file, a schema).
     Database,
+    /// A request-rate bucket.
+    RateBucket,
+    /// An envelope signing key (by generation).
+    SigningKey,
 }
 
 impl Entity {
@@ -45,6 +49,8 @@ impl Entity {
             Entity::Session => "session",
             Entity::Call => "call",
             Entity::Database => "database",
+            Entity::RateBucket => "rate bucket",
+            Entity::SigningKey => "signing key",
         }
     }
 }

@@ -65,7 +65,10 @@ macro_rules! forward_store {
                 get_session,
                 get_session_head,
                 update_session,
-                list_sessions);
+                list_sessions,
+                take_request_tokens,
+                signing_keys,
+                insert_signing_key);
         }
     };
     (impl Store for $ty:ty => enum $($variant:ident),+ $(,)?) => {
@@ -101,7 +104,10 @@ macro_rules! forward_store {
                 get_session,
                 get_session_head,
                 update_session,
-                list_sessions);
+                list_sessions,
+                take_request_tokens,
+                signing_keys,
+                insert_signing_key);
         }
     };
     (field $field:ident $(before $before:block)?; $($method:ident),* $(,)?) => {
@@ -418,6 +424,29 @@ macro_rules! __forward_one {
             limit: usize,
         ) -> Result<Vec<$crate::SessionRecord>, $crate::StoreError> {
             $crate::__forward_call!(self, $how, list_sessions(agent, limit))
+        }
+    };
+    (take_request_tokens, $how:tt) => {
+        async fn take_request_tokens(
+            &self,
+            charges: Vec<$crate::RateCharge>,
+            now: $crate::__core::time::Timestamp,
+        ) -> Result<$crate::TakeTokens, $crate::StoreError> {
+            $crate::__forward_call!(self, $how, take_request_tokens(charges, now))
+        }
+    };
+    (signing_keys, $how:tt) => {
+        async fn signing_keys(&self) -> Result<Vec<$crate::SigningKeyRecord>, $crate::StoreError> {
+            $crate::__forward_call!(self, $how, signing_keys())
+        }
+    };
+    (insert_signing_key, $how:tt) => {
+        async fn insert_signing_key(
+            &self,
+            key: $crate::SigningKeyRecord,
+            audit: Vec<$crate::__core::audit::AuditDraft>,
+        ) -> Result<bool, $crate::StoreError> {
+            $crate::__forward_call!(self, $how, insert_signing_key(key, audit))
         }
     };
 }

@@ -35,8 +35,10 @@
 
 mod error;
 pub mod forward;
+mod keys;
 mod memory_store;
 mod quota;
+pub mod rates;
 mod records;
 mod sessions;
 
@@ -57,8 +59,10 @@ use warden_core::time::Timestamp;
 
 pub use error::{BoxError, Entity, StoreError, Unavailability};
 
+pub use keys::{SigningKeyRecord, check_signing_key};
 pub use memory_store::MemoryStore;
 pub use quota::{QuotaKind, RunsInFlight, StorageQuota, decide_put, encoded_len, run_finished};
+pub use rates::{RateBuckets, RateCharge, TakeTokens};
 pub use records::*;
 pub use sessions::*;
 pub use verify::{HeadAnchor, VerifyError, VerifyReport, verify_store};
@@ -412,4 +416,38 @@ pub trait Store: Send + Sync + 'static {
         agent: Option<AgentId>,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<SessionRecord>, StoreError>> + Send;
+
+    // ----- request rates -----
+
+    /// Charge one request to every bucket in `charges` at `now`, or to
+    /// none: [`rates::take_tokens`] over the stored bucket states, decided
+    /// atomically (across servers sharing the database too), so concurrent
+    /// requests never take more than a bucket's burst plus its refill. A
+    /// bucket never charged before is full. Charges that are empty, or name
+    /// one bucket twice, are [`StoreError::Invalid`] and charge nothing
+    /// ([`rates::check_charges`]). Nothing is recorded: the caller records
+    /// refusals.
+    fn take_request_tokens(
+        &self,
+        charges: Vec<RateCharge>,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<TakeTokens, StoreError>> + Send;
+
+    // ----- envelope signing keys -----
+
+    /// Every stored envelope signing key, by generation (ascending; the
+    /// last is the current key).
+    fn signing_keys(
+        &self,
+    ) -> impl Future<Output = Result<Vec<SigningKeyRecord>, StoreError>> + Send;
+
+    /// Store `key` at its generation, create-only, with `audit`: `true` if
+    /// stored; `false` if that generation is taken (another server's key
+    /// won), and then nothing is stored or appended. A generation of 0 is
+    /// [`StoreError::Invalid`] ([`check_signing_key`]).
+    fn insert_signing_key(
+        &self,
+        key: SigningKeyRecord,
+        audit: Vec<AuditDraft>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }

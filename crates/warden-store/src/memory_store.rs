@@ -16,11 +16,12 @@ use warden_core::time::Timestamp;
 use crate::{
     AuditFn, CallRecord, ConsumedEscalation, CreateRun, CreateSession, Delete, DeleteOutcome,
     Entity, EnvelopeImport, EscalationRecord, EscalationResolution, EscalationStatus,
-    EscalationTarget, LeaseStep, PutEnvelope, PutEscalation, PutOutcome, RecordStep,
-    ResolveEscalation, RunRecord, RunState, RunsInFlight, SessionHead, SessionRecord, SessionState,
-    SessionUpdate, StepLease, StepOutcome, StorageQuota, Store, StoreError, StoredAgent,
-    TokenRecord, UpdateSession, Usage, check_create, decide_import, decide_put, encoded_len,
-    missing_envelope, run_finished, seq_taken, sources_unless_known,
+    EscalationTarget, LeaseStep, PutEnvelope, PutEscalation, PutOutcome, RateBuckets, RateCharge,
+    RecordStep, ResolveEscalation, RunRecord, RunState, RunsInFlight, SessionHead, SessionRecord,
+    SessionState, SessionUpdate, SigningKeyRecord, StepLease, StepOutcome, StorageQuota, Store,
+    StoreError, StoredAgent, TakeTokens, TokenRecord, UpdateSession, Usage, check_create,
+    check_signing_key, decide_import, decide_put, encoded_len, missing_envelope, run_finished,
+    seq_taken, sources_unless_known,
 };
 
 type RecordKey = (AgentId, Namespace, Key);
@@ -43,6 +44,8 @@ struct Inner {
     session_order: Vec<SessionId>,
     /// Every envelope import, in order.
     imports: Vec<EnvelopeImport>,
+    /// Envelope signing keys, by generation.
+    signing_keys: Vec<SigningKeyRecord>,
 }
 
 impl Inner {
@@ -219,6 +222,8 @@ impl AuditLog {
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     inner: Mutex<Inner>,
+    /// Request-rate buckets, under their own lock.
+    rates: RateBuckets,
 }
 
 impl MemoryStore {
@@ -843,6 +848,39 @@ impl Store for MemoryStore {
             .take(limit)
             .map(|s| s.session.clone())
             .collect())
+    }
+
+    async fn take_request_tokens(
+        &self,
+        charges: Vec<RateCharge>,
+        now: Timestamp,
+    ) -> Result<TakeTokens, StoreError> {
+        self.rates.take(&charges, now)
+    }
+
+    async fn signing_keys(&self) -> Result<Vec<SigningKeyRecord>, StoreError> {
+        Ok(self.lock()?.signing_keys.clone())
+    }
+
+    async fn insert_signing_key(
+        &self,
+        key: SigningKeyRecord,
+        audit: Vec<AuditDraft>,
+    ) -> Result<bool, StoreError> {
+        check_signing_key(&key)?;
+        let mut g = self.lock()?;
+        if g.signing_keys
+            .iter()
+            .any(|k| k.generation == key.generation)
+        {
+            return Ok(false);
+        }
+        let at = g
+            .signing_keys
+            .partition_point(|k| k.generation < key.generation);
+        g.signing_keys.insert(at, key);
+        g.append(audit);
+        Ok(true)
     }
 }
 

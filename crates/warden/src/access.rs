@@ -34,12 +34,15 @@
 //!   plus the `suppressed` counts. Counts still open when the process
 //!   stops are lost with it.
 //!
-//!   Buckets and windows are kept **per engine**, in memory, exact within
-//!   one process: engines sharing a store each allow the rates (N servers
-//!   allow N times a tree's rate), and a restart refills every bucket. The
-//!   state is one (tokens, timestamp) pair per bucket key, so it can move
-//!   to the shared store and be charged in one transaction without
-//!   changing the rule.
+//!   The buckets are the **store's** ([`Store::take_request_tokens`], the
+//!   one rule of `warden_store::rates`, burst = rate): engines sharing a
+//!   store share them, so the rates hold across servers (PostgreSQL
+//!   charges them in one statement; the in-memory store and SQLite keep
+//!   them in the process, which is then the whole deployment, and a
+//!   restart refills them). A request of an agent with no rate quota on
+//!   its lineage costs no round trip. The refusal windows are kept per
+//!   engine: each server records an agent's first refusal of a window
+//!   and counts the rest.
 //!
 //! Route refusals ([`Engine::refuse_route`]: `operator_only`,
 //! `agent_token_required`) are recorded under `auth.request` too.
@@ -59,7 +62,8 @@ use warden_core::decision::{Decision, Reason, Verdict, reasons};
 use warden_core::envelope::EnvelopeRecord;
 use warden_core::hierarchy::AgentStatus;
 use warden_core::ids::{AgentId, RunId};
-use warden_store::{RunRecord, Store, TokenSubject};
+use warden_core::time::Timestamp;
+use warden_store::{RateCharge, RunRecord, Store, TakeTokens, TokenSubject};
 
 use crate::agents::AgentView;
 use crate::engine::{Caller, Engine, engine_reasons as er, ops};
@@ -215,32 +219,6 @@ pub enum EnvelopeRead {
     },
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Bucket {
-    tokens: f64,
-    last_ms: i64,
-}
-
-impl Bucket {
-    /// The bucket refilled at `rate` per second up to `now_ms` (a new bucket
-    /// is full).
-    fn refilled(found: Option<&Bucket>, rate: f64, now_ms: i64) -> Bucket {
-        match found {
-            None => Bucket {
-                tokens: rate,
-                last_ms: now_ms,
-            },
-            Some(b) => {
-                let elapsed = (now_ms - b.last_ms).max(0) as f64;
-                Bucket {
-                    tokens: (b.tokens + elapsed * rate / 1000.0).min(rate),
-                    last_ms: b.last_ms.max(now_ms),
-                }
-            }
-        }
-    }
-}
-
 /// Which bucket a request is charged to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) enum BucketKey {
@@ -248,6 +226,16 @@ pub(crate) enum BucketKey {
     Agent(AgentId),
     /// The `tree_requests_per_second` of this agent's subtree.
     Tree(AgentId),
+}
+
+impl BucketKey {
+    /// The key the store keeps the bucket under: `agent:ID` or `tree:ID`.
+    pub(crate) fn store_key(&self) -> String {
+        match self {
+            BucketKey::Agent(a) => format!("agent:{a}"),
+            BucketKey::Tree(a) => format!("tree:{a}"),
+        }
+    }
 }
 
 /// One limit a request is charged to: a bucket and its rate.
@@ -268,58 +256,6 @@ pub(crate) struct Refused {
     pub(crate) rate: u32,
     /// Milliseconds until it has a token again.
     pub(crate) retry_after_ms: u64,
-}
-
-/// Token buckets for `requests_per_second` (per agent) and
-/// `tree_requests_per_second` (per subtree), in this engine's memory.
-///
-/// A request is charged to all its buckets at once, under one lock: it is
-/// taken only if every bucket has a token, and then takes one from each, so
-/// the limits hold exactly within one engine however requests interleave.
-/// The state is a token count and a timestamp per bucket, keyed by
-/// [`BucketKey`]: a shared store could keep the same rows and apply the
-/// same rule in one transaction.
-#[derive(Debug, Default)]
-pub(crate) struct RequestBuckets {
-    buckets: Mutex<HashMap<BucketKey, Bucket>>,
-}
-
-impl RequestBuckets {
-    /// Take one request from every bucket in `charges`, or from none:
-    /// `Err` names the empty bucket with the longest wait.
-    pub(crate) fn take(&self, charges: &[Charge], now_ms: i64) -> Result<(), Refused> {
-        let Ok(mut map) = self.buckets.lock() else {
-            return Ok(());
-        };
-        let mut refilled = Vec::with_capacity(charges.len());
-        let mut refused: Option<Refused> = None;
-        for charge in charges {
-            let rate = f64::from(charge.rate.max(1));
-            let bucket = Bucket::refilled(map.get(&charge.key), rate, now_ms);
-            if bucket.tokens < 1.0 {
-                let wait = ((1.0 - bucket.tokens) * 1000.0 / rate).ceil() as u64;
-                if refused.as_ref().is_none_or(|r| wait > r.retry_after_ms) {
-                    refused = Some(Refused {
-                        key: charge.key.clone(),
-                        rate: charge.rate,
-                        retry_after_ms: wait,
-                    });
-                }
-            }
-            refilled.push((charge.key.clone(), bucket));
-        }
-        let taken = refused.is_none();
-        for (key, mut bucket) in refilled {
-            if taken {
-                bucket.tokens -= 1.0;
-            }
-            map.insert(key, bucket);
-        }
-        match refused {
-            None => Ok(()),
-            Some(r) => Err(r),
-        }
-    }
 }
 
 /// How long a refusal window lasts: the first refusal of an agent opens
@@ -500,11 +436,7 @@ impl<S: Store> Engine<S> {
         }
         let now = self.now();
         let charges = self.charges(&view.lineage);
-        let taken = if charges.is_empty() {
-            Ok(())
-        } else {
-            self.inner.buckets.take(&charges, now.0)
-        };
+        let taken = self.take_tokens(&charges, now).await?;
         match taken {
             Ok(()) => {
                 self.record_suppressed(self.inner.refusals.due(Some(&agent), now.0))
@@ -537,6 +469,46 @@ impl<S: Store> Engine<S> {
                     },
                     retry_after_ms: refused.retry_after_ms,
                 })
+            }
+        }
+    }
+
+    /// Charge one request to `charges` in the store's buckets (shared by
+    /// every engine on the store): `Err` names the refusing limit. No
+    /// charges, no round trip.
+    async fn take_tokens(
+        &self,
+        charges: &[Charge],
+        now: Timestamp,
+    ) -> Result<Result<(), Refused>, EngineError> {
+        if charges.is_empty() {
+            return Ok(Ok(()));
+        }
+        let stored = charges
+            .iter()
+            .map(|c| RateCharge {
+                bucket: c.key.store_key(),
+                rate: c.rate,
+                burst: c.rate,
+            })
+            .collect();
+        match self.inner.store.take_request_tokens(stored, now).await? {
+            TakeTokens::Taken => Ok(Ok(())),
+            TakeTokens::Refused {
+                index,
+                retry_after_ms,
+            } => {
+                let charge = charges.get(index).ok_or_else(|| {
+                    EngineError::internal(format!(
+                        "the store refused bucket {index} of {}",
+                        charges.len()
+                    ))
+                })?;
+                Ok(Err(Refused {
+                    key: charge.key.clone(),
+                    rate: charge.rate,
+                    retry_after_ms,
+                }))
             }
         }
     }
@@ -785,58 +757,6 @@ impl<S: Store> Engine<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn own(a: &AgentId, rate: u32) -> Charge {
-        Charge {
-            key: BucketKey::Agent(a.clone()),
-            rate,
-        }
-    }
-
-    fn tree(a: &AgentId, rate: u32) -> Charge {
-        Charge {
-            key: BucketKey::Tree(a.clone()),
-            rate,
-        }
-    }
-
-    #[test]
-    fn token_bucket_allows_a_burst_then_refills_at_the_rate() {
-        let q = RequestBuckets::default();
-        let a = AgentId::parse("a").unwrap();
-        let c = [own(&a, 2)];
-        assert!(q.take(&c, 0).is_ok());
-        assert!(q.take(&c, 0).is_ok());
-        assert_eq!(q.take(&c, 0).unwrap_err().retry_after_ms, 500);
-        assert_eq!(q.take(&c, 250).unwrap_err().retry_after_ms, 250);
-        assert!(q.take(&c, 500).is_ok());
-        assert!(q.take(&c, 10_000).is_ok());
-        assert!(q.take(&c, 10_000).is_ok());
-        assert!(q.take(&c, 10_000).is_err());
-    }
-
-    #[test]
-    fn a_request_takes_from_every_bucket_or_from_none() {
-        let q = RequestBuckets::default();
-        let (p, c1, c2) = (
-            AgentId::parse("p").unwrap(),
-            AgentId::parse("c1").unwrap(),
-            AgentId::parse("c2").unwrap(),
-        );
-        // c1 may do 2/s alone, but p's subtree only 3/s together.
-        let for_c1 = [own(&c1, 2), tree(&p, 3)];
-        let for_c2 = [own(&c2, 2), tree(&p, 3)];
-        assert!(q.take(&for_c1, 0).is_ok());
-        assert!(q.take(&for_c1, 0).is_ok());
-        // c1's own bucket is empty: refused, and p's tree is not charged.
-        let r = q.take(&for_c1, 0).unwrap_err();
-        assert_eq!(r.key, BucketKey::Agent(c1.clone()));
-        assert!(q.take(&for_c2, 0).is_ok());
-        // Now the tree is empty: c2 has tokens of its own but is refused.
-        let r = q.take(&for_c2, 0).unwrap_err();
-        assert_eq!((r.key, r.rate), (BucketKey::Tree(p.clone()), 3));
-        assert_eq!(r.retry_after_ms, 334);
-    }
 
     #[test]
     fn refusals_are_recorded_once_per_window_and_counted() {

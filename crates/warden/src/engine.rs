@@ -196,9 +196,6 @@ pub(crate) struct Inner<S> {
     pub(crate) run_ttl_ms: std::sync::atomic::AtomicI64,
     pub(crate) provenance_secret: RwLock<Vec<u8>>,
     pub(crate) session_indexes: crate::sessions::IndexCache,
-    /// `requests_per_second` and `tree_requests_per_second` token buckets
-    /// (per engine, in memory).
-    pub(crate) buckets: crate::access::RequestBuckets,
     /// Per-agent windows of refusals counted rather than recorded.
     pub(crate) refusals: crate::access::RefusalWindows,
 }
@@ -260,7 +257,6 @@ impl<S: Store> Engine<S> {
                 run_ttl_ms: std::sync::atomic::AtomicI64::new(
                     i64::try_from(crate::tickets::DEFAULT_RUN_TTL.as_millis()).unwrap_or(i64::MAX),
                 ),
-                buckets: crate::access::RequestBuckets::default(),
                 refusals: crate::access::RefusalWindows::default(),
             }),
         };

@@ -23,8 +23,9 @@
 //! in a request body or SOP can change it. Bearer tokens are engine
 //! operations too ([`Engine::issue_token`], [`Engine::revoke_token`],
 //! [`Engine::ensure_operator_token`]); [`Engine::authenticate`] turns a
-//! token into a caller (or a refusal, with the per-engine
-//! `requests_per_second` and `tree_requests_per_second` buckets; a
+//! token into a caller (or a refusal, with the store's
+//! `requests_per_second` and `tree_requests_per_second` buckets, shared by
+//! every engine on the store; a
 //! throttled agent's refusals are recorded once per window and counted),
 //! and [`Engine::read_agent`],
 //! [`Engine::run_visibility`] and [`Engine::read_envelope`] decide and
@@ -45,6 +46,7 @@ mod audit_log;
 mod clock;
 pub mod context;
 mod engine;
+pub mod envelope_keys;
 mod error;
 mod execute;
 mod memory;

@@ -517,6 +517,14 @@ class Declassified(WireModel):
     envelope: Envelope
 
 
+@_model("VerifyingKeyBody")
+@dataclasses.dataclass(frozen=True)
+class VerifyingKey(WireModel):
+    issuer: str
+    public_key: str
+    generation: Optional[int] = None
+
+
 @_model("EnvelopeKeyResponse")
 @dataclasses.dataclass(frozen=True)
 class EnvelopeKey(WireModel):
@@ -524,6 +532,8 @@ class EnvelopeKey(WireModel):
     public_key: str
     algorithm: str
     key_source: str
+    verifying_keys: List[VerifyingKey]
+    generation: Optional[int] = None
 
 
 @_model("ReceiptResponse")

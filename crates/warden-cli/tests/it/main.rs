@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 mod check;
 mod checkpoints;
 mod hardening;
+mod keys;
 mod pg_faults;
 mod postgres;
 

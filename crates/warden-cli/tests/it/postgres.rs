@@ -936,3 +936,124 @@ agents:
         assert_eq!(body["gate"], json!("replay"));
     }
 }
+
+/// A revocation whose notification never comes (written to the database
+/// with no `changes` row and no `NOTIFY`, as if every notification and the
+/// change record were lost) is enforced on both servers within the
+/// documented bound: one `--sync-interval-ms` plus one reload, by the
+/// periodic reconcile alone.
+#[test]
+fn a_revocation_without_any_notification_is_enforced_within_the_sync_interval() {
+    let base = url_or_skip!();
+    let schema = Schema::new(base.clone());
+    let a = Server::start(&schema.url);
+    let b = Server::start(&schema.url);
+    let token = register(&a.addr, "silent");
+    let (status, body) = ok(
+        &b.addr,
+        "PUT",
+        "/v1/memory/project/k",
+        &token,
+        Some(&json!({"value": 1})),
+    );
+    assert_eq!(status, 201, "{body}");
+    let changes_before = count(&schema.url, "SELECT count(*) FROM changes");
+    sql(
+        &schema.url,
+        "UPDATE agents SET status = 'revoked' WHERE id = 'silent'",
+    );
+    let revoked_at = Instant::now();
+    let bound = Duration::from_millis(SYNC_INTERVAL_MS) + Duration::from_secs(2);
+    for (name, server) in [("A", &a), ("B", &b)] {
+        loop {
+            let (status, body) = ok(&server.addr, "GET", "/v1/memory/project/k", &token, None);
+            if status == 403 {
+                assert_eq!(body["error"]["code"], json!("agent_revoked"), "{body}");
+                break;
+            }
+            assert_eq!(status, 200, "{body}");
+            assert!(
+                revoked_at.elapsed() < bound,
+                "{name} still allows a revoked agent after {:?}\n{}",
+                revoked_at.elapsed(),
+                server.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!(
+            "unnotified revocation enforced on {name} after {:?} (sync interval {SYNC_INTERVAL_MS} ms)",
+            revoked_at.elapsed()
+        );
+    }
+    // Nothing signalled it: the change feed holds no new change.
+    assert_eq!(
+        count(&schema.url, "SELECT count(*) FROM changes"),
+        changes_before
+    );
+}
+
+fn count(url: &str, query: &str) -> i64 {
+    let (url, query) = (url.to_owned(), query.to_owned());
+    block_on(async move {
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        let driver = tokio::spawn(connection);
+        let n: i64 = client.query_one(&query, &[]).await.unwrap().get(0);
+        drop(client);
+        let _ = driver.await;
+        n
+    })
+}
+
+/// Two servers started together on one empty schema publish one stored
+/// envelope key; `warden keys rotate` on the database reaches both within
+/// a sync interval, and both keep the old key published.
+#[test]
+fn two_servers_share_the_stored_envelope_key_and_its_rotation() {
+    let base = url_or_skip!();
+    let schema = Schema::new(base);
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| Server::start(&schema.url));
+        let b = s.spawn(|| Server::start(&schema.url));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let key = |server: &Server| ok(&server.addr, "GET", "/v1/envelope-key", "x", None).1;
+    let (ka, kb) = (key(&a), key(&b));
+    assert_eq!(ka["key_source"], json!("stored"), "{ka}");
+    assert_eq!(ka["public_key"], kb["public_key"]);
+    assert_eq!(ka["generation"], json!(1));
+    let out = warden()
+        .args(["keys", "rotate", "--database", &schema.url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rotated_at = Instant::now();
+    let bound = Duration::from_millis(SYNC_INTERVAL_MS) + Duration::from_secs(2);
+    for server in [&a, &b] {
+        loop {
+            let k = key(server);
+            if k["generation"] == json!(2) {
+                assert_ne!(k["issuer"], ka["issuer"]);
+                assert_eq!(k["verifying_keys"][0]["issuer"], ka["issuer"], "{k}");
+                assert_eq!(k["verifying_keys"][1]["issuer"], k["issuer"], "{k}");
+                break;
+            }
+            assert!(
+                rotated_at.elapsed() < bound,
+                "the rotation has not reached a server after {:?}\n{}",
+                rotated_at.elapsed(),
+                server.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    eprintln!(
+        "rotation reached both servers after {:?}",
+        rotated_at.elapsed()
+    );
+}

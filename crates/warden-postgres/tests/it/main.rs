@@ -25,6 +25,7 @@ mod crash;
 mod migrations;
 mod pool;
 mod quotas;
+mod rates;
 mod runs;
 mod sessions;
 

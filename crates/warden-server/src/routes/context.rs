@@ -31,7 +31,7 @@ use crate::state::AppState;
 use crate::wire::{
     DecisionBody, DeclassifyRequest, DeclassifyResponse, EnvelopeKeyResponse, EnvelopeResponse,
     EscalationBody, EscalationListResponse, EscalationQuery, ReceiptResponse,
-    RejectEscalationRequest, Reply, ReviewResponse,
+    RejectEscalationRequest, Reply, ReviewResponse, VerifyingKeyBody,
 };
 
 /// Whether `caller` may act on the run under `access` (decided and, if
@@ -241,19 +241,29 @@ pub(crate) async fn receipt<S: Store>(
 pub(crate) async fn envelope_key<S: Store>(
     State(st): State<AppState<S>>,
 ) -> Reply<EnvelopeKeyResponse> {
-    let signer = st.signer();
+    let keys = st.envelope_keys();
+    let signer = keys.signer();
+    let generation = match signer.source() {
+        EnvelopeKeySource::Stored { generation } => Some(generation),
+        _ => None,
+    };
     Reply(
         StatusCode::OK,
         EnvelopeKeyResponse {
             issuer: signer.issuer().to_string(),
             public_key: signer.public_key_hex(),
             algorithm: "ed25519".to_owned(),
-            key_source: match signer.source() {
-                EnvelopeKeySource::Environment => "environment",
-                EnvelopeKeySource::Configured => "configured",
-                EnvelopeKeySource::Random => "random",
-            }
-            .to_owned(),
+            key_source: signer.source().as_str().to_owned(),
+            generation,
+            verifying_keys: keys
+                .verifying()
+                .iter()
+                .map(|k| VerifyingKeyBody {
+                    issuer: k.issuer.to_string(),
+                    public_key: hex::encode(k.public_key),
+                    generation: k.generation,
+                })
+                .collect(),
         },
     )
 }

@@ -147,9 +147,29 @@ pub struct EnvelopeKeyResponse {
     pub public_key: String,
     /// Always `ed25519`.
     pub algorithm: String,
-    /// `environment` (`WARDEN_ENVELOPE_SIGNING_KEY`), `configured`, or
-    /// `random` (this process only: a restart changes key and issuer).
+    /// `environment` (`WARDEN_ENVELOPE_SIGNING_KEY`), `stored` (in the
+    /// database, shared by every server on it), `configured`, or `random`
+    /// (this process only: a restart changes key and issuer).
     pub key_source: String,
+    /// The stored key's generation (`stored` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
+    /// Every key that verifies what this deployment signed, oldest first,
+    /// the current one included (after a rotation the earlier keys stay
+    /// here, so what they signed still verifies).
+    pub verifying_keys: Vec<VerifyingKeyBody>,
+}
+
+/// One key that verifies exported envelopes.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct VerifyingKeyBody {
+    /// Its issuer id.
+    pub issuer: String,
+    /// The Ed25519 public key, 64 lowercase hex digits.
+    pub public_key: String,
+    /// Its generation, for a stored key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
 }
 
 /// An opaque receipt for a run's envelope: no labels, no restrictions.

@@ -358,7 +358,9 @@ async fn the_customer_example_end_to_end_over_http() {
     // Signed export: verifies with the published key; a tampered copy does not.
     let key = s.get("/v1/envelope-key", "unused").await.expect(200).json();
     assert_eq!(key["algorithm"], json!("ed25519"));
-    assert_eq!(key["key_source"], json!("random"));
+    assert_eq!(key["key_source"], json!("stored"));
+    assert_eq!(key["generation"], json!(1));
+    assert_eq!(key["verifying_keys"][0]["issuer"], key["issuer"]);
     let token = s
         .get("/v1/runs/cust-1/envelope/signed", &researcher)
         .await

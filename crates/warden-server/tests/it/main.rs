@@ -12,6 +12,7 @@ mod conformance;
 mod console;
 mod context;
 mod edges;
+mod envelope_keys;
 mod identity;
 mod lifecycle;
 mod lockdown;

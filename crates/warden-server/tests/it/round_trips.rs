@@ -28,11 +28,12 @@ impl Store for Counting {
     warden_store::forward_store!(field inner before { READS.fetch_add(1, Ordering::SeqCst); };
         load_agents, find_token, get_records, owner_usage, audit_page, audit_head, get_run,
         get_envelope, get_escalation, list_escalations, get_session, get_session_head,
-        list_sessions);
+        list_sessions, signing_keys);
     warden_store::forward_store!(field inner before { WRITES.fetch_add(1, Ordering::SeqCst); };
         insert_agent, set_agent_status, set_agent_capabilities, insert_token, revoke_token,
         put_record, delete_record, append_audit, create_run, record_step, record_step_as, lease_step, put_envelope,
-        put_escalation, resolve_escalation, consume_escalation, create_session, update_session);
+        put_escalation, resolve_escalation, consume_escalation, create_session, update_session,
+        take_request_tokens, insert_signing_key);
 }
 
 fn counts() -> (u64, u64) {

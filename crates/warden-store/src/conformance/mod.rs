@@ -30,7 +30,8 @@
 //!
 //! The checks live in one module per area: [`agents`], [`tokens`],
 //! [`memory`], [`audit`], [`runs`], [`quotas`], [`envelopes`],
-//! [`escalations`] and [`sessions`].
+//! [`escalations`], [`sessions`] and [`rates`] (request-rate buckets and
+//! envelope signing keys).
 //!
 //! What the suite pins down, for every backend alike:
 //!
@@ -160,6 +161,12 @@ macro_rules! __conformance_tests {
             sessions_call_seq_unique,
             sessions_list_in_creation_order,
             sessions_index_appends,
+            rates_follow_shared_rule,
+            rates_all_or_none,
+            rates_concurrent_takers_exact,
+            rates_refuse_bad_charges,
+            signing_keys_create_only,
+            signing_keys_race,
         );
     };
     (@required ($factory:expr); $($check:ident),* $(,)?) => {
@@ -248,6 +255,12 @@ where
     sessions_call_seq_unique(factory().await).await;
     sessions_list_in_creation_order(factory().await).await;
     sessions_index_appends(factory().await).await;
+    rates_follow_shared_rule(factory().await).await;
+    rates_all_or_none(factory().await).await;
+    rates_concurrent_takers_exact(factory().await).await;
+    rates_refuse_bad_charges(factory().await).await;
+    signing_keys_create_only(factory().await).await;
+    signing_keys_race(factory().await).await;
 }
 
 pub mod agents;
@@ -256,6 +269,7 @@ pub mod envelopes;
 pub mod escalations;
 pub mod memory;
 pub mod quotas;
+pub mod rates;
 pub mod runs;
 pub mod sessions;
 pub mod tokens;
@@ -264,6 +278,7 @@ pub use agents::*;
 pub use audit::*;
 pub use memory::*;
 pub use quotas::*;
+pub use rates::*;
 pub use runs::*;
 pub use sessions::*;
 pub use tokens::*;

@@ -618,7 +618,8 @@ agents:
             append_audit, audit_page, audit_head, create_run, get_run, record_step, record_step_as, lease_step,
             put_envelope,
             get_envelope, put_escalation, get_escalation, list_escalations, resolve_escalation,
-            consume_escalation, create_session, get_session, update_session, list_sessions);
+            consume_escalation, create_session, get_session, update_session, list_sessions,
+            take_request_tokens, signing_keys, insert_signing_key);
 
         async fn get_session_head(
             &self,

@@ -1017,7 +1017,8 @@ impl Store for Yielding {
         append_audit, audit_page, audit_head, create_run, get_run, record_step, record_step_as,
         lease_step, get_envelope,
         put_escalation, get_escalation, list_escalations, resolve_escalation, consume_escalation,
-        create_session, get_session, get_session_head, update_session, list_sessions);
+        create_session, get_session, get_session_head, update_session, list_sessions,
+        take_request_tokens, signing_keys, insert_signing_key);
 
     async fn put_envelope(
         &self,

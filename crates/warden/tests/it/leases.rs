@@ -14,7 +14,7 @@ use warden_store::{MemoryStore, Store};
 use crate::support::*;
 
 /// The lab bundle with a one-minute step lease.
-fn policy() -> String {
+pub(crate) fn policy() -> String {
     let p = LAB_POLICY.replacen("limits:\n", "limits:\n  step_lease_ms: 60000\n", 1);
     if p == LAB_POLICY {
         format!("{LAB_POLICY}\nlimits:\n  step_lease_ms: 60000\n")
@@ -32,15 +32,15 @@ async fn engine() -> (Engine<MemoryStore>, Arc<ManualClock>) {
     (e, clock)
 }
 
-fn rid(s: &str) -> RunId {
+pub(crate) fn rid(s: &str) -> RunId {
     RunId::parse(s).unwrap()
 }
 
-fn sid(s: &str) -> StepId {
+pub(crate) fn sid(s: &str) -> StepId {
     StepId::parse(s).unwrap()
 }
 
-async fn admit<S: Store>(e: &Engine<S>, run: &str) {
+pub(crate) async fn admit<S: Store>(e: &Engine<S>, run: &str) {
     let sop = warden_core::sop::parse_sop(
         &json!({"sop_id": "save", "version": 1, "steps": [
             {"step_id": "save", "action": "artifact.save", "arguments": {"path": "internal/a.txt"}},
@@ -60,14 +60,14 @@ async fn admit<S: Store>(e: &Engine<S>, run: &str) {
     }
 }
 
-fn ok() -> StepResult {
+pub(crate) fn ok() -> StepResult {
     StepResult {
         result: Some(json!({"saved": true})),
         ..StepResult::default()
     }
 }
 
-fn proceed(g: StepGate) -> (String, Timestamp) {
+pub(crate) fn proceed(g: StepGate) -> (String, Timestamp) {
     match g {
         StepGate::Proceed {
             lease_id,

@@ -26,4 +26,5 @@ mod session_properties;
 mod session_restrictions;
 mod session_retries;
 mod sessions;
+mod shared_servers;
 mod support;

@@ -48,7 +48,8 @@ impl Store for Counting {
         append_audit, audit_page, audit_head, create_run, get_run, record_step, record_step_as,
         lease_step, get_envelope,
         put_escalation, get_escalation, list_escalations, resolve_escalation,
-        consume_escalation, get_session, get_session_head, update_session, list_sessions);
+        consume_escalation, get_session, get_session_head, update_session, list_sessions,
+        take_request_tokens, signing_keys, insert_signing_key);
 }
 
 fn writes() -> (u64, u64) {
