@@ -68,10 +68,9 @@ async fn direction(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, delay: Durat
         match from.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
-                if queue
-                    .send((Instant::now() + delay, buf[..n].to_vec()))
-                    .is_err()
-                {
+                // `read` never reports more than the buffer holds.
+                let chunk = buf.get(..n).unwrap_or(&buf).to_vec();
+                if queue.send((Instant::now() + delay, chunk)).is_err() {
                     break;
                 }
             }

@@ -79,12 +79,13 @@
 //!   they lock (a record's owner, a run, a session, an envelope; agents,
 //!   tokens and escalations each to one writer), so jobs on the same rows
 //!   queue in one writer instead of waiting on another's open group; a
-//!   rare cross-writer lock cycle is broken by PostgreSQL's deadlock
-//!   detector, which fails one job (`Unavailable`, retry).
-//!   *Cost*: the head lock is taken once per group and held for two round
-//!   trips (the lock, then the insert with the commit) and the commit
-//!   flush, however many decisions the group holds; a decision that only
-//!   records (a resolve, a denial) runs no statement of its own. Throughput
+//!   group that runs statements takes the head lock before any of its
+//!   jobs' rows, so groups never deadlock on each other's rows.
+//!   *Cost*: the head lock is taken once per group, however many decisions
+//!   the group holds: held for two round trips (the lock, then the insert
+//!   with the commit) and the commit flush by a group of records only (a
+//!   resolve, a denial: no statement of their own), for the whole group by
+//!   one that runs statements. Throughput
 //!   is about `groups in flight x group size / (lock hold)`; see
 //!   `BENCHMARKS.md` for measurements and `ARCHITECTURE.md` ("Past one
 //!   database") for the model. Reads never take the lock.

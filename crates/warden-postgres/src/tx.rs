@@ -35,35 +35,35 @@ pub(crate) struct ChangeRec {
 }
 
 impl Tx<'_> {
-    /// The end of a writer's group transaction: take the head row lock,
-    /// record `changes` in order, seal `drafts` after the head and insert
-    /// them with the new head, and commit (the insert and the `COMMIT`
-    /// pipelined). Returns the head before the append and the head after
-    /// each draft, in order.
-    ///
-    /// The head row lock is taken last, after every job's own statements,
-    /// so it is held only for the lock itself, the changes (rare: agent and
-    /// token changes), one pipelined round trip and the commit flush.
-    pub(crate) async fn seal_and_commit(
-        mut self,
-        drafts: Vec<AuditDraft>,
-        changes: Vec<ChangeRec>,
-        channel: &str,
-    ) -> Result<(ChainHead, Vec<ChainHead>), StoreError> {
-        if drafts.is_empty() && changes.is_empty() {
-            let head = self
-                .query_opt(sql::HEAD, &[])
-                .await?
-                .ok_or_else(missing_head)
-                .and_then(|r| head_out(&r))?;
-            self.commit().await?;
-            return Ok((head, Vec::new()));
-        }
+    /// Take the audit head's row lock: the first statement of a writer's
+    /// group that runs statements of its own. Every such group, on every
+    /// server, takes this one lock before any row of its jobs, so two
+    /// groups never wait for each other's rows in opposite orders (with
+    /// the lock last, groups of two servers touching the same rows in
+    /// different orders deadlocked until PostgreSQL's `deadlock_timeout`
+    /// broke the cycle). The price: such groups run one at a time across
+    /// the deployment, their statements under the lock; audit-only groups
+    /// (reads, denials) take it for their append alone.
+    pub(crate) async fn lock_head(&mut self) -> Result<ChainHead, StoreError> {
         let row = self
             .query_opt(sql::LOCK_HEAD, &[])
             .await?
             .ok_or_else(missing_head)?;
-        let head = head_out(&row)?;
+        head_out(&row)
+    }
+
+    /// The end of a writer's group transaction, whose head row lock
+    /// [`Tx::lock_head`] took (returning `head`): record `changes` in
+    /// order, seal `drafts` after the head and insert them with the new
+    /// head, and commit (the insert and the `COMMIT` pipelined). Returns
+    /// the head before the append and the head after each draft, in order.
+    pub(crate) async fn seal_and_commit(
+        mut self,
+        head: ChainHead,
+        drafts: Vec<AuditDraft>,
+        changes: Vec<ChangeRec>,
+        channel: &str,
+    ) -> Result<(ChainHead, Vec<ChainHead>), StoreError> {
         for change in changes {
             let ids: Vec<String> = change.ids.iter().map(|s| text_in(s).into_owned()).collect();
             self.query(sql::RECORD_CHANGE, &[&change.kind.as_str(), &ids, &channel])

@@ -7,14 +7,16 @@
 //! takes every job queued (up to `max_batch`), `BEGIN`s, runs each job in
 //! its own `SAVEPOINT` (a job that fails rolls back alone, its statements
 //! and its audit drafts together; a job that runs no statement, the record
-//! of a resolve or of a denial, needs none), then takes the `audit_head`
-//! row lock once, records the group's changes, seals all its drafts after
+//! of a resolve or of a denial, needs none), with the `audit_head` row
+//! lock taken once (first, before any job's rows, when the group runs
+//! statements: see `Tx::lock_head`), records the group's changes, seals all its drafts after
 //! the head and inserts them in one statement pipelined with the `COMMIT`,
 //! and only then answers each job. So:
 //!
 //! - every acknowledgement follows a durable `COMMIT`;
-//! - the head lock is taken once per group and held for two round trips
-//!   and the commit flush, however many decisions the group holds;
+//! - the head lock is taken once per group, however many decisions the
+//!   group holds: for two round trips and the commit flush in a group of
+//!   records only, for the whole group when it runs statements;
 //! - a lost transaction (the connection dropped, a failed `COMMIT`)
 //!   answers every job of the group with the error: none is acknowledged.
 //!   (As for any commit, a connection lost *during* `COMMIT` leaves the
@@ -361,6 +363,18 @@ async fn run_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>, channel: &str) {
             return;
         }
     };
+    // The head lock first: see `Tx::lock_head`.
+    let head = match tx.lock_head().await {
+        Ok(head) => head,
+        Err(e) => {
+            drop(tx);
+            let e = Arc::new(e);
+            for job in jobs {
+                job.fail(StoreError::fan_out(&e));
+            }
+            return;
+        }
+    };
     let mut answers: Vec<(Box<dyn Answer>, usize)> = Vec::with_capacity(jobs.len());
     let mut drafts = Vec::new();
     let mut changes = Vec::new();
@@ -405,7 +419,7 @@ async fn run_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>, channel: &str) {
             Err(Arc::new(e))
         }
         (None, None) => tx
-            .seal_and_commit(drafts, changes, channel)
+            .seal_and_commit(head, drafts, changes, channel)
             .await
             .map_err(Arc::new),
     };
