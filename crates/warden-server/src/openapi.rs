@@ -165,6 +165,8 @@ struct Link {
     parameters: &'static [(&'static str, &'static str)],
     /// `to`'s request body, JSON that may hold runtime expressions.
     body: Option<&'static str>,
+    /// The link's name, when `from` has two links to `to` (else `to`).
+    name: Option<&'static str>,
 }
 
 const fn link(
@@ -179,6 +181,21 @@ const fn link(
         to,
         parameters,
         body: None,
+        name: None,
+    }
+}
+
+/// A call (`sessionCallUnvouched`) in the session `from` answered with,
+/// whose argument value is in no source of the session: where a provenance
+/// rule asks for its origin, it escalates, and the answer's escalation
+/// leads on to review.
+const fn unvouched_call(from: &'static str, statuses: &'static [u16]) -> Link {
+    Link {
+        body: Some(
+            r#"{"action": "document.summarize", "arguments": {"document_id": "named-by-nobody"}}"#,
+        ),
+        name: Some("sessionCallUnvouched"),
+        ..link(from, statuses, "sessionCall", SESSION)
     }
 }
 
@@ -227,6 +244,11 @@ const LINKS: &[Link] = &[
         ..link("registerAgent", &[201], "delegate", &[])
     },
     link("getSelf", &[200], "getAgent", AGENT_ID),
+    // The caller's own session, with the user's request as a trusted input.
+    Link {
+        body: Some(r#"{"trusted_inputs": ["Summarise document fixture-1"]}"#),
+        ..link("getSelf", &[200], "openSession", &[])
+    },
     link("getAgent", &[200], "issueToken", AGENT_ID),
     link("issueToken", &[201], "revokeToken", TOKEN_ID),
     link("issueToken", &[201], "getAgent", AGENT_ID),
@@ -265,12 +287,25 @@ const LINKS: &[Link] = &[
     },
     link("openSession", &[201, 200], "getSession", SESSION),
     link("openSession", &[201, 200], "sessionCall", SESSION),
+    unvouched_call("openSession", &[201, 200]),
+    // A call whose argument value the user's request holds (the example
+    // session's): allowed, and its answer leads on to its result.
+    Link {
+        body: Some(
+            r#"{"action": "document.summarize", "arguments": {"document_id": "fixture-1"}}"#,
+        ),
+        name: Some("sessionCallVouched"),
+        ..link("openSession", &[201, 200], "sessionCall", SESSION)
+    },
     link("openSession", &[201, 200], "cancelSession", SESSION),
     link("getSession", &[200], "sessionCall", SESSION),
     link("getSession", &[200], "cancelSession", SESSION),
+    unvouched_call("getSession", &[200]),
     link("sessionCall", &[200], "recordCallResult", CALL),
     link("sessionCall", &[200], "getSession", SAME_SESSION),
     link("sessionCall", &[200], "getEscalation", ESCALATION),
+    link("sessionCall", &[200], "approveEscalation", ESCALATION),
+    link("sessionCall", &[200], "rejectEscalation", ESCALATION),
     link("listEscalations", &[200], "getEscalation", FIRST_ESCALATION),
     link(
         "listEscalations",
@@ -320,7 +355,7 @@ const BODY_EXAMPLES: &[(&str, &str)] = &[
     ),
     (
         "openSession",
-        r#"{"session_id": "session-1", "trusted_inputs": ["Summarise document fixture-1"]}"#,
+        r#"{"trusted_inputs": ["Summarise document fixture-1"]}"#,
     ),
     (
         "sessionCall",
@@ -372,7 +407,7 @@ fn links(id: &str, status: u16) -> Map<String, Value> {
                     serde_json::from_str(body).unwrap_or(Value::Null),
                 );
             }
-            (l.to.to_owned(), Value::Object(link))
+            (l.name.unwrap_or(l.to).to_owned(), Value::Object(link))
         })
         .collect()
 }
