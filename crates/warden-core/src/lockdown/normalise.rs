@@ -33,6 +33,8 @@
 //! Latin look-alike), `_` and `.`, with no separator at either end and no
 //! two separators in a row.
 
+use std::sync::LazyLock;
+
 use unicode_normalization::UnicodeNormalization;
 use unicode_normalization::char::is_combining_mark;
 
@@ -119,13 +121,16 @@ fn pass(name: &str, first: bool) -> String {
         // would turn some look-alikes, the lunate sigma `ϲ`, into letters
         // TR39 no longer maps); anything else through NFKC first, which
         // turns fullwidth and other compatibility forms into what they
-        // stand for.
-        let parts: Vec<char> = if raw.is_alphanumeric() {
-            vec![raw]
+        // stand for. NFKC leaves an ASCII character as it is.
+        let one = [raw];
+        let composed: Vec<char>;
+        let parts: &[char] = if raw.is_ascii() || raw.is_alphanumeric() {
+            &one
         } else {
-            raw.to_string().nfkc().collect()
+            composed = raw.to_string().nfkc().collect();
+            &composed
         };
-        for c in parts {
+        for &c in parts {
             if is_invisible(c) || is_combining_mark(c) {
                 continue;
             }
@@ -135,7 +140,15 @@ fn pass(name: &str, first: bool) -> String {
                 }
                 prev_lower = c.is_lowercase();
                 prev_sep = None;
-                for f in fold(c) {
+                let folded;
+                let letters: &[char] = match ASCII_FOLDS.get(c as usize) {
+                    Some(f) => f,
+                    None => {
+                        folded = fold(c);
+                        &folded
+                    }
+                };
+                for &f in letters {
                     if f.is_alphanumeric() {
                         emit(&mut out, &mut pending, f);
                     } else {
@@ -163,6 +176,12 @@ fn pass(name: &str, first: bool) -> String {
     out
 }
 
+/// [`fold`] of every ASCII character, computed once: names are mostly
+/// ASCII, and folding a character through the skeleton tables costs more
+/// than the rest of a pass.
+static ASCII_FOLDS: LazyLock<Vec<Vec<char>>> =
+    LazyLock::new(|| (0u8..128).map(|b| fold(char::from(b))).collect());
+
 /// One letter or digit read as what it looks like: lowercased, its TR39
 /// skeleton, combining marks removed, NFKC, lowercased again, and `i` read
 /// as `l`.
@@ -170,7 +189,7 @@ fn pass(name: &str, first: bool) -> String {
 /// The skeleton is case-sensitive (capital `I` is `l`, small `i` is `i`)
 /// and case is folded here, so the two classes meet: `i`, `I`, `l` and `1`
 /// are one letter, written `l`.
-fn fold(c: char) -> impl Iterator<Item = char> {
+fn fold(c: char) -> Vec<char> {
     let mut out = Vec::new();
     let mut buf = [0u8; 4];
     for lower in c.to_lowercase() {
@@ -184,5 +203,22 @@ fn fold(c: char) -> impl Iterator<Item = char> {
             out.extend(k.to_lowercase().map(|l| if l == 'i' { 'l' } else { l }));
         }
     }
-    out.into_iter()
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ASCII shortcuts of a pass are what the general path computes:
+    /// NFKC leaves every ASCII character as it is, and the fold table is
+    /// [`fold`]'s.
+    #[test]
+    fn the_ascii_shortcuts_are_the_general_path() {
+        for b in 0u8..128 {
+            let c = char::from(b);
+            assert_eq!(c.to_string().nfkc().collect::<String>(), c.to_string(), "{b}");
+            assert_eq!(ASCII_FOLDS[usize::from(b)], fold(c), "{b}");
+        }
+    }
 }

@@ -14,6 +14,8 @@
 //!   lowercased, tokenised, numbers canonical, then the Unicode TR39
 //!   confusable skeleton of each token.
 
+use std::sync::LazyLock;
+
 use unicode_normalization::UnicodeNormalization;
 use unicode_normalization::char::is_combining_mark;
 
@@ -157,16 +159,52 @@ pub fn caseless_tokens(exact: &[String]) -> Vec<String> {
 /// full stop `。` read as `.` (as host names read it), lowercased,
 /// tokenised, canonical numbers, then the TR39 skeleton.
 pub fn skeleton_tokens(text: &str) -> Vec<String> {
-    let folded = text
-        .nfkc()
-        .filter(|c| !is_invisible(*c))
-        .map(|c| if c == '\u{3002}' { '.' } else { c })
-        .collect::<String>()
-        .to_lowercase();
+    // NFKC leaves ASCII as it is, and no ASCII character is invisible.
+    let folded = if text.is_ascii() {
+        text.to_ascii_lowercase()
+    } else {
+        text.nfkc()
+            .filter(|c| !is_invisible(*c))
+            .map(|c| if c == '\u{3002}' { '.' } else { c })
+            .collect::<String>()
+            .to_lowercase()
+    };
     tokenise(&folded)
         .into_iter()
-        .map(|t| unicode_security::skeleton(&t).collect::<String>())
+        .map(|t| skeleton(&t))
         .collect()
+}
+
+/// The TR39 skeleton of every ASCII character, computed once, where it is
+/// ASCII too: the skeleton of an ASCII token is then the concatenation of
+/// its characters' (the skeleton maps character by character, and ASCII
+/// has no combining mark for its final normalisation to reorder).
+static ASCII_SKELETONS: LazyLock<Vec<Option<String>>> = LazyLock::new(|| {
+    (0u8..128)
+        .map(|b| {
+            let s: String =
+                unicode_security::skeleton(char::from(b).encode_utf8(&mut [0; 4])).collect();
+            s.is_ascii().then_some(s)
+        })
+        .collect()
+});
+
+/// The TR39 confusable skeleton of `token`.
+fn skeleton(token: &str) -> String {
+    if token.is_ascii() {
+        let mut out = String::with_capacity(token.len());
+        for b in token.bytes() {
+            match ASCII_SKELETONS
+                .get(usize::from(b))
+                .and_then(Option::as_deref)
+            {
+                Some(s) => out.push_str(s),
+                None => return unicode_security::skeleton(token).collect(),
+            }
+        }
+        return out;
+    }
+    unicode_security::skeleton(token).collect()
 }
 
 /// Alphanumeric characters in the exact tokens: what makes a value long
@@ -180,7 +218,41 @@ pub fn significant_chars(exact: &[String]) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    proptest! {
+        /// The ASCII path gives TR39's skeleton, token by token, and the
+        /// whole text's skeleton tokens as the general path does.
+        #[test]
+        fn the_ascii_path_is_the_general_one(text in "[ -~]{0,40}") {
+            prop_assert_eq!(skeleton(&text), unicode_security::skeleton(&text).collect::<String>());
+            let general: Vec<String> = tokenise(
+                &text
+                    .nfkc()
+                    .filter(|c| !is_invisible(*c))
+                    .collect::<String>()
+                    .to_lowercase(),
+            )
+            .into_iter()
+            .map(|t| unicode_security::skeleton(&t).collect())
+            .collect();
+            prop_assert_eq!(skeleton_tokens(&text), general);
+        }
+    }
+
+    #[test]
+    fn every_ascii_character_skeleton_is_tr39s() {
+        for b in 0u8..128 {
+            let c = char::from(b).to_string();
+            assert_eq!(
+                skeleton(&c),
+                unicode_security::skeleton(&c).collect::<String>(),
+                "{b}"
+            );
+        }
+    }
 
     #[test]
     fn numbers_have_one_canonical_form() {
