@@ -3,11 +3,12 @@
 //!
 //! A fixed index (a user source, a plan source and an untrusted result with
 //! look-alikes of the user's values) is built once per process; every input
-//! is matched against it as a needle, in both modes. One input in four also
-//! builds an index of its own: the part before the first `0xFF` byte is
-//! recorded (as JSON if it parses, else as a string), the rest is matched
-//! against it and then recorded as a field of its own, where it must be
-//! found.
+//! is matched against it as a needle, in both modes (`provenance` over the
+//! whole index, `occurs_in` against the one source its first byte picks).
+//! One input in four also builds an index of its own: the part before the
+//! first `0xFF` byte is recorded (as JSON if it parses, else as a string),
+//! the rest is matched against it and then recorded as a field of its own,
+//! where it must be found.
 #![no_main]
 
 use std::sync::LazyLock;
@@ -55,11 +56,13 @@ static FIXED: LazyLock<(SourceIndex, Vec<SourceId>)> = LazyLock::new(|| {
 fuzz_target!(|data: &[u8]| {
     let (fixed, ids) = &*FIXED;
     let whole = Value::String(String::from_utf8_lossy(data).into_owned());
+    // One source per input, picked by the first byte: each source is
+    // searched by a third of the inputs, at half the cost per input of
+    // searching all three.
+    let id = &ids[data.first().map_or(0, |b| usize::from(b / 4) % ids.len())];
     for mode in [MatchMode::Text, MatchMode::Caseless] {
         let _ = fixed.provenance("p".to_owned(), &whole, mode);
-        for id in ids {
-            let _ = fixed.occurs_in(id, &whole, mode);
-        }
+        let _ = fixed.occurs_in(id, &whole, mode);
     }
 
     // One input in four: an index of its own.

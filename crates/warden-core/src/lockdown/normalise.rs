@@ -217,7 +217,11 @@ mod tests {
     fn the_ascii_shortcuts_are_the_general_path() {
         for b in 0u8..128 {
             let c = char::from(b);
-            assert_eq!(c.to_string().nfkc().collect::<String>(), c.to_string(), "{b}");
+            assert_eq!(
+                c.to_string().nfkc().collect::<String>(),
+                c.to_string(),
+                "{b}"
+            );
             assert_eq!(ASCII_FOLDS[usize::from(b)], fold(c), "{b}");
         }
     }
