@@ -416,6 +416,8 @@ impl<S: Store> Engine<S> {
             envelope_id,
         };
         self.commit_agent(spec, stored, audit).await?;
+        // The child id is used: no other request for it can proceed now.
+        self.withdraw_child_slot(caller, &req.id, now).await?;
         Ok(Registration::Registered {
             decision: d,
             agent: Box::new(self.agent(&req.id)?),
@@ -619,6 +621,17 @@ impl<S: Store> Engine<S> {
         if !self.is_cached(id)? {
             self.reload_agents_locked().await?;
         }
+        self.is_cached(id)
+    }
+
+    /// Whether `id` is registered in the store now, with the registry lock
+    /// held: the cache first, then (when it does not know `id`) every
+    /// stored agent, reloaded.
+    pub(crate) async fn registered_now(&self, id: &AgentId) -> Result<bool, EngineError> {
+        if self.is_cached(id)? {
+            return Ok(true);
+        }
+        self.reload_agents_locked().await?;
         self.is_cached(id)
     }
 

@@ -62,7 +62,8 @@ use warden_core::memory::Visibility;
 use warden_core::preflight::{MEMORY_READ, MEMORY_WRITE};
 use warden_core::time::Timestamp;
 use warden_store::{
-    LeaseStep, RecordStep, RunRecord, RunState, RunStep, StepLease, StepOutcome, StepStatus, Store,
+    EscalationTarget, LeaseStep, RecordStep, RunRecord, RunState, RunStep, StepLease, StepOutcome,
+    StepStatus, Store,
 };
 
 use crate::context::{ContextGate, Folded};
@@ -295,19 +296,7 @@ impl<S: Store> Engine<S> {
             ));
         };
         if let Some(outcome) = state.outcomes.get(step_id) {
-            let d = self.decision(
-                &caller,
-                Verdict::Allow,
-                er::STEP_REPLAYED,
-                ops::STEP_BEGIN,
-                resource,
-                now,
-            );
-            self.record(&d).await?;
-            return Ok(StepGate::Replay {
-                decision: d,
-                outcome: outcome.clone(),
-            });
+            return self.replay_step(&caller, resource, outcome, now).await;
         }
         let Some(step) = state.run.steps.get(position).cloned() else {
             return Err(EngineError::not_found(
@@ -359,7 +348,24 @@ impl<S: Store> Engine<S> {
             ContextGate::Escalated {
                 decision,
                 escalation_id,
+                created,
             } => {
+                if created
+                    && let Some(now_state) = self.inner.store.get_run(run_id.clone()).await?
+                    && let Some(outcome) = now_state.outcomes.get(step_id)
+                {
+                    // Another worker ran the step meanwhile (its approval,
+                    // perhaps on another server): this escalation can never
+                    // be used, so it is not left for a reviewer, and the
+                    // step's outcome is the answer, as for any later begin.
+                    let slot = EscalationTarget::Step {
+                        run_id: run_id.clone(),
+                        step_id: step_id.clone(),
+                        request_digest: None,
+                    };
+                    self.withdraw_slot(&caller, &slot, now).await?;
+                    return self.replay_step(&caller, resource, outcome, now).await;
+                }
                 return Ok(StepGate::Escalated {
                     decision,
                     escalation_id,
@@ -502,6 +508,30 @@ impl<S: Store> Engine<S> {
             resource,
             now,
         )
+    }
+
+    /// The answer to a begin of a step whose outcome is recorded: the
+    /// outcome, with the replay recorded.
+    async fn replay_step(
+        &self,
+        caller: &Subject,
+        resource: String,
+        outcome: &StepOutcome,
+        now: Timestamp,
+    ) -> Result<StepGate, EngineError> {
+        let d = self.decision(
+            caller,
+            Verdict::Allow,
+            er::STEP_REPLAYED,
+            ops::STEP_BEGIN,
+            resource,
+            now,
+        );
+        self.record(&d).await?;
+        Ok(StepGate::Replay {
+            decision: d,
+            outcome: outcome.clone(),
+        })
     }
 
     /// The refusal of a step by the run's own state (the run stopped, an
@@ -831,7 +861,18 @@ impl<S: Store> Engine<S> {
             )
             .await?
         {
-            RecordStep::Recorded => Ok(Completion::Recorded(outcome)),
+            RecordStep::Recorded => {
+                // A begin that escalated while this one ran the step can
+                // only have been decided as this one was: escalated (this
+                // one then proceeded on the approval). A step whose gate is
+                // not known here (completed on another server, or without
+                // a begin) is looked at too.
+                if gated.is_none_or(|g| g.gate.verdict == Verdict::Escalate) {
+                    self.withdraw_step_slot(&caller, run, &step.step_id, now)
+                        .await?;
+                }
+                Ok(Completion::Recorded(outcome))
+            }
             RecordStep::AlreadyRecorded(first) => Ok(Completion::Recorded(first)),
             RecordStep::LeaseHeld(lease) => Ok(Completion::LeaseHeld {
                 lease_expires_at: lease.expires_at,

@@ -9,6 +9,7 @@ use warden_core::envelope::{
     ActionRef, ContextRequest, Envelope, TrustZone, WorkflowId, decide,
     effective_delegated_authority,
 };
+use warden_core::hierarchy::HierarchyError;
 use warden_core::ids::ActionName;
 use warden_core::time::Timestamp;
 use warden_store::{EscalationTarget, Store};
@@ -225,18 +226,39 @@ impl<S: Store> Engine<S> {
                     .consume_approval(target.clone(), &d, details.clone(), now)
                     .await?
                 {
-                    let (decision, escalation_id) = self
+                    let (decision, escalation_id, created) = self
                         .open_escalation(
-                            target,
+                            target.clone(),
                             caller,
                             ops::AGENT_REGISTER,
-                            resource,
+                            resource.clone(),
                             &source,
                             &cd,
                             request,
                             now,
                         )
                         .await?;
+                    if created && self.registered_now(&req.id).await? {
+                        // The child id was registered meanwhile (another
+                        // request's approval, perhaps on another server):
+                        // this request can never proceed, so it is not
+                        // left for a reviewer.
+                        self.withdraw_slot(caller, &target, now).await?;
+                        let e = HierarchyError::DuplicateAgent(req.id.clone());
+                        let d = self.decision(
+                            caller,
+                            Verdict::Deny,
+                            e.reason(),
+                            ops::AGENT_REGISTER,
+                            resource,
+                            now,
+                        );
+                        self.record(&d).await?;
+                        return Ok(Err(Registration::Refused {
+                            decision: d,
+                            refusal: RegistrationRefusal::Hierarchy(e),
+                        }));
+                    }
                     return Ok(Err(Registration::Escalated {
                         decision,
                         escalation_id,

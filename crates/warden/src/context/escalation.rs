@@ -118,8 +118,129 @@ impl<S: Store> Engine<S> {
         Ok(used.is_some())
     }
 
+    /// Withdraw every pending escalation of `slot`'s slot
+    /// ([`EscalationTarget::same_slot`]) because the slot is used: the
+    /// child id is registered, the run step's outcome is recorded, or the
+    /// call is decided. None of them can ever proceed, so none may be left
+    /// for a reviewer to approve. Each is rejected
+    /// ([`ESCALATION_WITHDRAWN`](warden_store::ESCALATION_WITHDRAWN)) by
+    /// `caller`, recorded. How many were withdrawn.
+    ///
+    /// [`Store::consume_escalation`] withdraws the slot's pending requests
+    /// in its own transaction, but a request that lost the race can store
+    /// its escalation just after (on another server, between its own look
+    /// for an approval and its insert). So both sides look after they
+    /// write: whoever uses a slot calls this once the use is committed,
+    /// and whoever stores a new escalation looks whether the slot is used
+    /// and, if it is, calls this. Every write is committed before the
+    /// other side's later read starts, so of the two reads at least one
+    /// sees the other's write, whatever the interleaving: no pending
+    /// escalation of a used slot survives both.
+    pub(crate) async fn withdraw_slot(
+        &self,
+        caller: &Caller,
+        slot: &EscalationTarget,
+        now: Timestamp,
+    ) -> Result<usize, EngineError> {
+        self.withdraw_pending(caller, |t| t.same_slot(slot), er::ESCALATION_WITHDRAWN, now)
+            .await
+    }
+
+    /// [`Engine::withdraw_slot`] for the child id `child`, just registered
+    /// (whoever asked for it, with whatever request).
+    pub(crate) async fn withdraw_child_slot(
+        &self,
+        caller: &Caller,
+        child: &warden_core::ids::AgentId,
+        now: Timestamp,
+    ) -> Result<usize, EngineError> {
+        self.withdraw_pending(
+            caller,
+            |t| matches!(t, EscalationTarget::Delegation { child: c, .. } if c == child),
+            er::ESCALATION_WITHDRAWN,
+            now,
+        )
+        .await
+    }
+
+    /// [`Engine::withdraw_slot`] for the step `step_id` of `run`, whose
+    /// outcome was just recorded. Only a run's context envelope escalates
+    /// a step, so a run without one has nothing to withdraw.
+    pub(crate) async fn withdraw_step_slot(
+        &self,
+        caller: &Caller,
+        run: &warden_store::RunRecord,
+        step_id: &warden_core::ids::StepId,
+        now: Timestamp,
+    ) -> Result<usize, EngineError> {
+        if run.envelope_id.is_none() {
+            return Ok(0);
+        }
+        let slot = EscalationTarget::Step {
+            run_id: run.run_id.clone(),
+            step_id: step_id.clone(),
+            request_digest: None,
+        };
+        self.withdraw_slot(caller, &slot, now).await
+    }
+
+    /// Reject every pending escalation whose target `matches`, with
+    /// `reason` (its rejection reason too), by `caller`; each rejection is
+    /// recorded. Exactly once per escalation: one a reviewer resolved
+    /// meanwhile is left as the reviewer left it. How many were rejected.
+    pub(crate) async fn withdraw_pending(
+        &self,
+        caller: &Caller,
+        matches: impl Fn(&EscalationTarget) -> bool,
+        reason: Reason,
+        now: Timestamp,
+    ) -> Result<usize, EngineError> {
+        let pending = self
+            .inner
+            .store
+            .list_escalations(Some(EscalationStatus::Pending))
+            .await?;
+        let mut withdrawn = 0;
+        for e in pending.into_iter().filter(|e| matches(&e.target)) {
+            let d = self.decision(
+                caller,
+                Verdict::Deny,
+                reason.clone(),
+                ops::ESCALATION_REJECT,
+                e.escalation_id.clone(),
+                now,
+            );
+            let draft = self.draft(&d).with_details(json!({
+                "escalation_id": e.escalation_id,
+                "target": e.target,
+            }));
+            let out = self
+                .inner
+                .store
+                .resolve_escalation(
+                    e.escalation_id.clone(),
+                    EscalationResolution::Reject {
+                        reason: reason.to_string(),
+                    },
+                    caller.clone(),
+                    now,
+                    Box::new(move |o| match o {
+                        ResolveEscalation::Resolved(_) => vec![draft],
+                        _ => Vec::new(),
+                    }),
+                )
+                .await?;
+            if matches!(out, ResolveEscalation::Resolved(_)) {
+                withdrawn += 1;
+            }
+        }
+        Ok(withdrawn)
+    }
+
     /// Hold a request for review: the pending escalation of `target` (a new
-    /// one, or the one already open) and the recorded `escalate` decision.
+    /// one, or the one already open) and the recorded `escalate` decision,
+    /// with the escalation's id and whether this request stored it (it did
+    /// not when the same request was already held).
     #[expect(
         clippy::too_many_arguments,
         reason = "the escalation record is built from the request's parts, shared by steps and delegations"
@@ -134,7 +255,7 @@ impl<S: Store> Engine<S> {
         cd: &ContextDecision,
         request: BoundRequest,
         now: Timestamp,
-    ) -> Result<(Decision, String), EngineError> {
+    ) -> Result<(Decision, String, bool), EngineError> {
         let mut d = self.decision(
             caller,
             Verdict::Escalate,
@@ -183,11 +304,10 @@ impl<S: Store> Engine<S> {
                 }),
             )
             .await?;
-        let id = match out {
-            PutEscalation::Created => id,
-            PutEscalation::Existing(e) => e.escalation_id,
-        };
-        Ok((d, id))
+        Ok(match out {
+            PutEscalation::Created => (d, id, true),
+            PutEscalation::Existing(e) => (d, e.escalation_id, false),
+        })
     }
 
     /// Escalations with `status` (every one when `None`), oldest first.

@@ -251,7 +251,7 @@ impl<S: Store> Engine<S> {
                         })),
                     });
                 }
-                let (decision, escalation_id) = self
+                let (decision, escalation_id, created) = self
                     .open_escalation(
                         target,
                         &caller,
@@ -266,6 +266,7 @@ impl<S: Store> Engine<S> {
                 Ok(ContextGate::Escalated {
                     decision,
                     escalation_id,
+                    created,
                 })
             }
         }
@@ -295,6 +296,8 @@ impl<S: Store> Engine<S> {
                 outcome,
                 vec![self.draft(decision).with_details(details)],
             )
+            .await?;
+        self.withdraw_step_slot(&decision.subject, run, &step.step_id, now)
             .await?;
         Ok(())
     }
@@ -447,6 +450,9 @@ pub(crate) enum ContextGate {
         decision: Decision,
         /// The escalation to review.
         escalation_id: String,
+        /// Whether this request stored it (not: the same request was
+        /// already held).
+        created: bool,
     },
 }
 

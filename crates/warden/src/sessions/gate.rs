@@ -125,6 +125,8 @@ impl<S: Store> Engine<S> {
         let hash = digest_of(&json!({"action": call.action, "arguments": call.arguments}));
         let mut resource = format!("{session_id}:{call_id}");
         let mut approved = false;
+        // The pending escalation this request stored for its call, if any.
+        let mut held: Option<EscalationTarget> = None;
         for _ in 0..MAX_SESSION_ATTEMPTS {
             let now = self.now();
             let (state, cached) = self.head_for_call(caller, session_id, &call_id).await?;
@@ -169,6 +171,12 @@ impl<S: Store> Engine<S> {
                         .await;
                 }
                 if existing.status != CallStatus::Escalated {
+                    if let Some(slot) = held.take() {
+                        // The call was decided meanwhile (another retry used
+                        // its approval, perhaps on another server): the
+                        // escalation this request stored can never be used.
+                        self.withdraw_slot(caller, &slot, now).await?;
+                    }
                     return self
                         .replay_call(caller, existing.clone(), resource, now)
                         .await;
@@ -237,18 +245,21 @@ impl<S: Store> Engine<S> {
                     };
                     a.reason = er::ESCALATION_APPROVED;
                 } else {
-                    escalation_id = Some(
-                        self.hold_call(
+                    let (id, created) = self
+                        .hold_call(
                             caller,
-                            target,
+                            target.clone(),
                             &resource,
                             &a,
                             envelope.as_ref(),
                             json!({"action": call.action, "arguments": call.arguments}),
                             now,
                         )
-                        .await?,
-                    );
+                        .await?;
+                    if created {
+                        held = Some(target.clone());
+                    }
+                    escalation_id = Some(id);
                 }
             }
             let status = match a.verdict {
@@ -321,6 +332,17 @@ impl<S: Store> Engine<S> {
                     state.session.revision + 1,
                     index,
                 );
+                if status != CallStatus::Escalated
+                    && (approved
+                        || existing
+                            .as_ref()
+                            .is_some_and(|c| c.status == CallStatus::Escalated))
+                {
+                    // The call is decided: a request for it that lost the
+                    // race for its approval and stored an escalation just
+                    // after the approval was used can never proceed.
+                    self.withdraw_slot(caller, &target, now).await?;
+                }
                 if status == CallStatus::Allowed && executed_by_engine(&call.action) {
                     return self
                         .execute_session_memory(
@@ -401,7 +423,7 @@ impl<S: Store> Engine<S> {
     }
 
     /// Hold a call for review: its pending escalation (new, or the one
-    /// already open), showing the call (`request`: its action and
+    /// already open: the id, and whether this request stored it), showing the call (`request`: its action and
     /// arguments, whose digest the target binds, as the call record's
     /// `arguments_hash` does). The escalate decision is recorded with the
     /// call.
@@ -418,7 +440,7 @@ impl<S: Store> Engine<S> {
         envelope: Option<&Envelope>,
         request: Value,
         now: Timestamp,
-    ) -> Result<String, EngineError> {
+    ) -> Result<(String, bool), EngineError> {
         let id = random_id("esc")?;
         let record = EscalationRecord {
             escalation_id: id.clone(),
@@ -448,8 +470,8 @@ impl<S: Store> Engine<S> {
             .put_escalation(record, Box::new(|_| Vec::new()))
             .await?;
         Ok(match out {
-            PutEscalation::Created => id,
-            PutEscalation::Existing(e) => e.escalation_id,
+            PutEscalation::Created => (id, true),
+            PutEscalation::Existing(e) => (e.escalation_id, false),
         })
     }
 

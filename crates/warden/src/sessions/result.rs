@@ -7,8 +7,7 @@ use warden_core::ids::{CallId, Label, SessionId};
 
 use warden_core::provenance::{IndexMark, OutputTrust, SourceId, SourceIndex};
 use warden_store::{
-    CallStatus, EscalationResolution, EscalationStatus, EscalationTarget, IndexChange,
-    ResolveEscalation, SessionClosure, SessionStatus, SessionUpdate, Store,
+    CallStatus, EscalationTarget, IndexChange, SessionClosure, SessionStatus, SessionUpdate, Store,
 };
 
 use super::session_reasons as sr;
@@ -341,45 +340,13 @@ impl<S: Store> Engine<S> {
         session_id: &SessionId,
         now: warden_core::time::Timestamp,
     ) -> Result<(), EngineError> {
-        let pending = self
-            .inner
-            .store
-            .list_escalations(Some(EscalationStatus::Pending))
-            .await?;
-        for e in pending {
-            let EscalationTarget::Call { session_id: s, .. } = &e.target else {
-                continue;
-            };
-            if s != session_id {
-                continue;
-            }
-            let d = self.decision(
-                caller,
-                Verdict::Deny,
-                sr::SESSION_CANCELLED,
-                ops::ESCALATION_REJECT,
-                e.escalation_id.clone(),
-                now,
-            );
-            let draft = self.draft(&d).with_details(json!({"target": e.target}));
-            let out = self
-                .inner
-                .store
-                .resolve_escalation(
-                    e.escalation_id.clone(),
-                    EscalationResolution::Reject {
-                        reason: sr::SESSION_CANCELLED.to_string(),
-                    },
-                    caller.clone(),
-                    now,
-                    Box::new(move |o| match o {
-                        ResolveEscalation::Resolved(_) => vec![draft],
-                        _ => Vec::new(),
-                    }),
-                )
-                .await?;
-            let _ = matches!(out, ResolveEscalation::Resolved(_));
-        }
+        self.withdraw_pending(
+            caller,
+            |t| matches!(t, EscalationTarget::Call { session_id: s, .. } if s == session_id),
+            sr::SESSION_CANCELLED,
+            now,
+        )
+        .await?;
         Ok(())
     }
 

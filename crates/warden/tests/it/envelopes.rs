@@ -101,7 +101,7 @@ fn args_for(action: &str) -> Value {
 }
 
 /// An SOP of `(step_id, action)` with fixed arguments.
-fn sop_of(e: &Engine<MemoryStore>, steps: &[(&str, &str)]) -> warden_core::sop::Sop {
+fn sop_of(e: &Engine<impl Store>, steps: &[(&str, &str)]) -> warden_core::sop::Sop {
     let steps: Vec<Value> = steps
         .iter()
         .map(|(s, a)| json!({"step_id": s, "action": a, "arguments": args_for(a)}))
@@ -113,7 +113,7 @@ fn sop_of(e: &Engine<MemoryStore>, steps: &[(&str, &str)]) -> warden_core::sop::
 }
 
 async fn admit(
-    e: &Engine<MemoryStore>,
+    e: &Engine<impl Store>,
     agent: &str,
     run: &str,
     steps: &[(&str, &str)],
@@ -129,14 +129,14 @@ async fn admit(
     }
 }
 
-async fn begin(e: &Engine<MemoryStore>, agent: &str, run: &str, step: &str) -> StepGate {
+async fn begin(e: &Engine<impl Store>, agent: &str, run: &str, step: &str) -> StepGate {
     e.begin_step(&id(agent), &rid(run), &sid(step))
         .await
         .unwrap()
 }
 
 async fn complete(
-    e: &Engine<MemoryStore>,
+    e: &Engine<impl Store>,
     agent: &str,
     run: &str,
     step: &str,
@@ -158,7 +158,7 @@ async fn complete(
 
 /// Begin a step that must proceed, then complete it with `labels`.
 async fn run_step(
-    e: &Engine<MemoryStore>,
+    e: &Engine<impl Store>,
     agent: &str,
     run: &str,
     step: &str,
@@ -178,12 +178,12 @@ fn refused(gate: StepGate) -> warden_core::decision::Decision {
     }
 }
 
-async fn envelope_of(e: &Engine<MemoryStore>, run: &str) -> EnvelopeRecord {
+async fn envelope_of(e: &Engine<impl Store>, run: &str) -> EnvelopeRecord {
     e.run_envelope(&rid(run)).await.unwrap().unwrap()
 }
 
 /// Every stored version of an envelope, oldest first.
-async fn history(e: &Engine<MemoryStore>, id: &EnvelopeId) -> Vec<EnvelopeRecord> {
+async fn history(e: &Engine<impl Store>, id: &EnvelopeId) -> Vec<EnvelopeRecord> {
     let latest = e.envelope(id, None).await.unwrap().unwrap().version;
     let mut out = Vec::new();
     for v in 0..=latest {
@@ -611,7 +611,7 @@ async fn completing_a_restricted_step_without_the_gate_is_recorded_denied() {
 // Escalation
 // ---------------------------------------------------------------------------
 
-async fn escalate_export(e: &Engine<MemoryStore>, run: &str) -> String {
+async fn escalate_export(e: &Engine<impl Store>, run: &str) -> String {
     admit(
         e,
         "researcher",
@@ -857,7 +857,7 @@ async fn escalated_run_resumes_after_approval() {
 // Declassification
 // ---------------------------------------------------------------------------
 
-async fn restricted_run(e: &Engine<MemoryStore>, run: &str) -> EnvelopeRecord {
+async fn restricted_run(e: &Engine<impl Store>, run: &str) -> EnvelopeRecord {
     admit(
         e,
         "researcher",
@@ -1471,7 +1471,7 @@ async fn escalated_delegation_waits_for_approval() {
 
 /// A run of `researcher` whose envelope holds a `restricted` label: an
 /// external delegation from it escalates.
-async fn restricted_source(e: &Engine<MemoryStore>, run: &str) {
+async fn restricted_source(e: &Engine<impl Store>, run: &str) {
     admit(e, "researcher", run, &[("collect", "artifact.save")]).await;
     run_step(e, "researcher", run, "collect", &["special_category"]).await;
 }
@@ -1518,7 +1518,7 @@ fn wide(run: &str) -> (RegisterAgent, DelegationOptions) {
 }
 
 async fn delegate(
-    e: &Engine<MemoryStore>,
+    e: &Engine<impl Store>,
     (req, options): (RegisterAgent, DelegationOptions),
 ) -> Registration {
     e.delegate_with(&id("researcher"), req, options)
@@ -2348,4 +2348,199 @@ fn random_delegation_trees() {
             }
         });
     });
+}
+
+// ---------------------------------------------------------------------------
+// Races for one slot between two servers
+// ---------------------------------------------------------------------------
+
+/// Every escalation, by id.
+async fn escalation_of(
+    e: &Engine<impl Store>,
+    escalation_id: &str,
+) -> warden_store::EscalationRecord {
+    e.escalation(escalation_id).await.unwrap()
+}
+
+fn withdrawn(esc: &warden_store::EscalationRecord) -> bool {
+    esc.status == EscalationStatus::Rejected
+        && esc.rejection_reason.as_deref() == Some("escalation_withdrawn")
+}
+
+async fn no_pending(e: &Engine<impl Store>) {
+    let pending = e
+        .list_escalations(Some(EscalationStatus::Pending))
+        .await
+        .unwrap();
+    assert!(pending.is_empty(), "left for a reviewer: {pending:?}");
+}
+
+async fn chain_verifies(e: &Engine<impl Store>) {
+    let v = e.verify_audit().await.unwrap();
+    assert!(v.is_valid(), "{v:?}");
+}
+
+/// Server B's wide request for a child id looks for an approval (none: the
+/// reviewer approved the narrow one) and, before it stores its escalation,
+/// server A's narrow request uses the approval and registers the child,
+/// withdrawing the slot's pending escalations (B's is not stored yet). B's
+/// escalation, stored after, could be approved but never used: it is
+/// withdrawn at once and B is told the child exists.
+#[tokio::test]
+async fn a_delegation_that_lost_the_race_before_its_insert_is_withdrawn() {
+    let ((a, _pa), (b, pb)) = two_servers(&escalating_policy()).await;
+    restricted_source(&a, "run-race").await;
+    let narrow_id = escalated(delegate(&a, narrow("run-race")).await);
+    a.approve_escalation(&narrow_id, &Caller::Operator)
+        .await
+        .unwrap();
+
+    pb.arm("put_escalation", 0);
+    let (lost, won) = tokio::join!(delegate(&b, wide("run-race")), async {
+        pb.reached().await;
+        let won = delegate(&a, narrow("run-race")).await;
+        pb.release();
+        won
+    });
+    let view = won.registered().unwrap();
+    assert_eq!(
+        view.declared_capabilities,
+        vec![ActionName::parse("artifact.save").unwrap()]
+    );
+    match lost {
+        Registration::Refused {
+            decision,
+            refusal: RegistrationRefusal::Hierarchy(_),
+        } => assert_eq!(decision.reason.as_str(), "duplicate_agent"),
+        other => panic!("expected the child to exist: {other:?}"),
+    }
+    no_pending(&a).await;
+    let all = a.list_escalations(None).await.unwrap();
+    assert_eq!(all.len(), 2, "{all:?}");
+    let wide_esc = all.iter().find(|x| x.escalation_id != narrow_id).unwrap();
+    assert!(withdrawn(wide_esc), "{wide_esc:?}");
+    assert_eq!(
+        escalation_of(&a, &narrow_id).await.status,
+        EscalationStatus::Consumed
+    );
+    // Recorded: the withdrawal names the escalation.
+    let log = a.store().audit_page(0, usize::MAX).await.unwrap();
+    assert!(
+        log.iter()
+            .any(|x| x.draft.reason.as_str() == "escalation_withdrawn"
+                && x.draft.details["escalation_id"] == json!(wide_esc.escalation_id))
+    );
+    chain_verifies(&a).await;
+}
+
+/// The other order: B stores its escalation and looks for the child after
+/// A used the approval but before A registered the child, so B's look
+/// finds nothing and B's request is held. A, once the child is
+/// registered, withdraws every pending escalation of the child id: B's
+/// too.
+#[tokio::test]
+async fn a_delegation_held_just_before_the_child_is_registered_is_withdrawn() {
+    let ((a, pa), (b, _pb)) = two_servers(&escalating_policy()).await;
+    restricted_source(&a, "run-race2").await;
+    let narrow_id = escalated(delegate(&a, narrow("run-race2")).await);
+    a.approve_escalation(&narrow_id, &Caller::Operator)
+        .await
+        .unwrap();
+
+    pa.arm("insert_agent", 0);
+    let (won, lost) = tokio::join!(delegate(&a, narrow("run-race2")), async {
+        pa.reached().await;
+        let lost = delegate(&b, wide("run-race2")).await;
+        pa.release();
+        lost
+    });
+    won.registered().unwrap();
+    let held = escalated(lost);
+    assert!(withdrawn(&escalation_of(&a, &held).await));
+    no_pending(&a).await;
+    // Nothing left to approve: a reviewer's approval is refused.
+    let out = a
+        .approve_escalation(&held, &Caller::Operator)
+        .await
+        .unwrap();
+    assert_ne!(out.escalation.status, EscalationStatus::Approved);
+    chain_verifies(&a).await;
+}
+
+/// Server B begins an escalated step whose approval server A uses at the
+/// same moment: B loaded the run before A took the lease, and looks for
+/// the approval only after A took it, ran the step and recorded it. B's
+/// escalation, stored after, could never be used (the step is never
+/// begun again): withdrawn at once, and B is answered the step's outcome.
+#[tokio::test]
+async fn a_step_escalation_stored_after_the_step_ran_is_withdrawn() {
+    let ((a, _pa), (b, pb)) = two_servers(&escalating_policy()).await;
+    let esc = escalate_export(&a, "run-step-race").await;
+    a.approve_escalation(&esc, &Caller::Operator).await.unwrap();
+
+    pb.arm("consume_escalation", 0);
+    let (lost, ()) = tokio::join!(begin(&b, "researcher", "run-step-race", "export"), async {
+        pb.reached().await;
+        assert!(matches!(
+            begin(&a, "researcher", "run-step-race", "export").await,
+            StepGate::Proceed { .. }
+        ));
+        complete(&a, "researcher", "run-step-race", "export", &[]).await;
+        pb.release();
+    });
+    match lost {
+        StepGate::Replay { outcome, .. } => assert_eq!(outcome.status, StepStatus::Completed),
+        other => panic!("expected the recorded outcome: {other:?}"),
+    }
+    no_pending(&a).await;
+    let all = a.list_escalations(None).await.unwrap();
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert!(withdrawn(
+        all.iter().find(|x| x.escalation_id != esc).unwrap()
+    ));
+    chain_verifies(&a).await;
+}
+
+/// The other order for a step: B stores its escalation and looks at the
+/// run before A records the step (A holds the approval and the lease), so
+/// B is held; A, once the outcome is recorded, withdraws B's escalation.
+#[tokio::test]
+async fn a_step_escalation_held_while_the_step_runs_is_withdrawn_when_it_is_recorded() {
+    let ((a, pa), (b, pb)) = two_servers(&escalating_policy()).await;
+    let esc = escalate_export(&a, "run-step-race2").await;
+    a.approve_escalation(&esc, &Caller::Operator).await.unwrap();
+
+    pb.arm("consume_escalation", 0);
+    let (b_done, b_waits) = tokio::sync::oneshot::channel();
+    let (lost, ()) = tokio::join!(
+        async {
+            let lost = begin(&b, "researcher", "run-step-race2", "export").await;
+            b_done.send(()).unwrap();
+            lost
+        },
+        async {
+            pb.reached().await;
+            assert!(matches!(
+                begin(&a, "researcher", "run-step-race2", "export").await,
+                StepGate::Proceed { .. }
+            ));
+            pa.arm("record_step_as", 0);
+            tokio::join!(
+                complete(&a, "researcher", "run-step-race2", "export", &[]),
+                async {
+                    pa.reached().await;
+                    pb.release();
+                    b_waits.await.unwrap();
+                    pa.release();
+                }
+            );
+        }
+    );
+    let StepGate::Escalated { escalation_id, .. } = lost else {
+        panic!("B is held while A runs the step: {lost:?}");
+    };
+    assert_ne!(escalation_id, esc);
+    assert!(withdrawn(&escalation_of(&a, &escalation_id).await));
+    no_pending(&a).await;
+    chain_verifies(&a).await;
 }

@@ -25,11 +25,11 @@ pub struct Shared {
 
 warden_store::forward_store!(impl Store for Shared => field inner);
 
-async fn log(engine: &Engine<Shared>) -> Vec<warden_core::audit::AuditEntry> {
+async fn log(engine: &Engine<impl Store>) -> Vec<warden_core::audit::AuditEntry> {
     engine.store().audit_page(0, usize::MAX).await.unwrap()
 }
 
-async fn chain_ok(engine: &Engine<Shared>) -> u64 {
+async fn chain_ok(engine: &Engine<impl Store>) -> u64 {
     let v = engine.verify_audit().await.unwrap();
     assert!(v.is_valid(), "{v:?}");
     log(engine).await.len() as u64
@@ -100,7 +100,7 @@ fn cid(s: &str) -> CallId {
     CallId::parse(s).unwrap()
 }
 
-async fn open(engine: &Engine<Shared>, session: &str, prompt: &str) -> SessionId {
+async fn open(engine: &Engine<impl Store>, session: &str, prompt: &str) -> SessionId {
     let opened = engine
         .open_session(
             &agent(),
@@ -122,8 +122,8 @@ async fn open(engine: &Engine<Shared>, session: &str, prompt: &str) -> SessionId
     sid(session)
 }
 
-async fn call(
-    engine: &Engine<Shared>,
+pub(super) async fn call(
+    engine: &Engine<impl Store>,
     session: &SessionId,
     call_id: &str,
     action: &str,
@@ -143,7 +143,7 @@ async fn call(
         .unwrap()
 }
 
-async fn result(engine: &Engine<Shared>, session: &SessionId, call_id: &str, value: Value) {
+async fn result(engine: &Engine<impl Store>, session: &SessionId, call_id: &str, value: Value) {
     engine
         .record_call_result(
             &agent(),
@@ -681,7 +681,7 @@ mod imported {
 
     /// An envelope of the partner's, at `version`, with `restrictions`.
     fn token(
-        engine: &Engine<Shared>,
+        engine: &Engine<impl Store>,
         version: u64,
         restrictions: &[&str],
         key: &[u8; 32],
@@ -708,7 +708,7 @@ mod imported {
     }
 
     async fn open_from(
-        engine: &Engine<Shared>,
+        engine: &Engine<impl Store>,
         session: &str,
         t: warden_core::envelope::sign::SignedEnvelope,
     ) -> SessionOpening {
@@ -811,7 +811,7 @@ mod imported {
 
     /// Delegate `child` of `agent` from `t`.
     async fn delegate_from(
-        engine: &Engine<Shared>,
+        engine: &Engine<impl Store>,
         child: &str,
         t: warden_core::envelope::sign::SignedEnvelope,
     ) -> warden::Registration {
@@ -896,4 +896,117 @@ mod imported {
         assert_eq!(decision.reason.as_str(), "envelope_forged");
         assert!(engine.agent(&id("third")).is_err());
     }
+}
+
+/// Held `c1`, approved: the session and the escalation.
+pub(super) async fn approved_call(
+    engine: &Engine<impl Store>,
+    session: &str,
+) -> (SessionId, String, Value) {
+    let s = open(engine, session, "Read the bill and pay it").await;
+    call(
+        engine,
+        &s,
+        "c0",
+        "read_file",
+        json!({"file_path": "bill.txt"}),
+    )
+    .await;
+    result(engine, &s, "c0", json!(format!("Pay to {LANDLORD}"))).await;
+    let pay = json!({"recipient": LANDLORD, "amount": 98.7});
+    let held = call(engine, &s, "c1", "send_money", pay.clone()).await;
+    assert_eq!(held.call.status, CallStatus::Escalated);
+    let esc = held.call.escalation_id.clone().unwrap();
+    engine
+        .approve_escalation(&esc, &Caller::Operator)
+        .await
+        .unwrap();
+    (s, esc, pay)
+}
+
+fn is_withdrawn(e: &warden_store::EscalationRecord) -> bool {
+    e.status == EscalationStatus::Rejected
+        && e.rejection_reason.as_deref() == Some("escalation_withdrawn")
+}
+
+/// Two retries of one approved call on two servers: B looks for the
+/// approval after A used it, so B stores a new escalation for the call;
+/// then B's record of the call loses to A's. The call is decided (A
+/// proceeded, once), so B's escalation could never be used: B withdraws it
+/// and answers the recorded call.
+#[tokio::test]
+async fn a_call_retry_that_lost_the_approval_withdraws_its_escalation() {
+    let ((a, _pa), (b, pb)) = super::support::two_servers(SESSION_POLICY).await;
+    let (s, esc, pay) = approved_call(&a, "s-race").await;
+
+    pb.arm("consume_escalation", 0);
+    let (lost, won) = tokio::join!(call(&b, &s, "c1", "send_money", pay.clone()), async {
+        pb.reached().await;
+        let won = call(&a, &s, "c1", "send_money", pay.clone()).await;
+        pb.release();
+        won
+    });
+    assert_eq!(won.call.status, CallStatus::Allowed);
+    assert!(!won.replayed);
+    assert!(lost.replayed, "{lost:?}");
+    assert_eq!(lost.call.status, CallStatus::Allowed);
+    let all = a.list_escalations(None).await.unwrap();
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert_eq!(
+        all.iter().find(|e| e.escalation_id == esc).unwrap().status,
+        EscalationStatus::Consumed
+    );
+    assert!(is_withdrawn(
+        all.iter().find(|e| e.escalation_id != esc).unwrap()
+    ));
+    assert!(
+        a.list_escalations(Some(EscalationStatus::Pending))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    chain_ok(&a).await;
+}
+
+/// The other order: B's record of the call (held, with its new
+/// escalation) lands before A's; A's record then finds the call held and,
+/// with the approval it used, records it allowed and withdraws B's
+/// escalation.
+#[tokio::test]
+async fn a_call_held_by_a_losing_retry_is_withdrawn_when_the_winner_records() {
+    let ((a, pa), (b, pb)) = super::support::two_servers(SESSION_POLICY).await;
+    let (s, esc, pay) = approved_call(&a, "s-race2").await;
+
+    pb.arm("consume_escalation", 0);
+    let (b_done, b_waits) = tokio::sync::oneshot::channel();
+    let (lost, won) = tokio::join!(
+        async {
+            let lost = call(&b, &s, "c1", "send_money", pay.clone()).await;
+            b_done.send(()).unwrap();
+            lost
+        },
+        async {
+            pb.reached().await;
+            pa.arm("update_session", 0);
+            let (won, ()) = tokio::join!(call(&a, &s, "c1", "send_money", pay.clone()), async {
+                pa.reached().await;
+                pb.release();
+                b_waits.await.unwrap();
+                pa.release();
+            });
+            won
+        }
+    );
+    assert_eq!(lost.call.status, CallStatus::Escalated, "{lost:?}");
+    let held = lost.call.escalation_id.clone().unwrap();
+    assert_ne!(held, esc);
+    assert_eq!(won.call.status, CallStatus::Allowed);
+    assert!(is_withdrawn(&a.escalation(&held).await.unwrap()));
+    assert!(
+        a.list_escalations(Some(EscalationStatus::Pending))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    chain_ok(&a).await;
 }

@@ -248,3 +248,54 @@ async fn a_step_begun_on_one_server_completes_on_the_other() {
     assert!(matches!(out, Completion::Recorded(_)), "{out:?}");
     servers.stop().await;
 }
+
+/// Retries of one approved call race on both servers over PostgreSQL,
+/// round after round: the call proceeds exactly once, and no round leaves
+/// an escalation a reviewer could approve but no request could use (the
+/// retries that lost the approval withdraw theirs, or the winner does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_retries_of_one_approved_call_leave_nothing_pending() {
+    let Some(url) = database_url() else { return };
+    let servers = TwoServers::start(&url, super::sessions::SESSION_POLICY).await;
+    for round in 0..8 {
+        let (s, _esc, pay) =
+            super::sessions::approved_call(&servers.a, &format!("s-race-{round}")).await;
+        let mut tasks = Vec::new();
+        for i in 0..6 {
+            let engine = if i % 2 == 0 {
+                servers.a.clone()
+            } else {
+                servers.b.clone()
+            };
+            let (s, pay) = (s.clone(), pay.clone());
+            tasks.push(tokio::spawn(async move {
+                super::sessions::call(&engine, &s, "c1", "send_money", pay).await
+            }));
+        }
+        let mut fresh = 0;
+        for t in tasks {
+            let answer = t.await.unwrap();
+            assert_eq!(
+                answer.call.status,
+                warden_store::CallStatus::Allowed,
+                "{answer:?}"
+            );
+            if !answer.replayed {
+                fresh += 1;
+            }
+        }
+        assert_eq!(fresh, 1, "round {round}: the call proceeded once");
+        let pending = servers
+            .a
+            .list_escalations(Some(warden_store::EscalationStatus::Pending))
+            .await
+            .unwrap();
+        assert!(
+            pending.is_empty(),
+            "round {round}: left pending: {pending:?}"
+        );
+    }
+    let v = servers.a.verify_audit().await.unwrap();
+    assert!(v.is_valid(), "{v:?}");
+    servers.stop().await;
+}
