@@ -618,10 +618,7 @@ impl<S: Store> Engine<S> {
         }
         let _guard = self.inner.registry.lock().await;
         // Another request may have reloaded while this one waited.
-        if !self.is_cached(id)? {
-            self.reload_agents_locked().await?;
-        }
-        self.is_cached(id)
+        self.registered_now(id).await
     }
 
     /// Whether `id` is registered in the store now, with the registry lock

@@ -62,8 +62,7 @@ use warden_core::memory::Visibility;
 use warden_core::preflight::{MEMORY_READ, MEMORY_WRITE};
 use warden_core::time::Timestamp;
 use warden_store::{
-    EscalationTarget, LeaseStep, RecordStep, RunRecord, RunState, RunStep, StepLease, StepOutcome,
-    StepStatus, Store,
+    LeaseStep, RecordStep, RunRecord, RunState, RunStep, StepLease, StepOutcome, StepStatus, Store,
 };
 
 use crate::context::{ContextGate, Folded};
@@ -358,12 +357,8 @@ impl<S: Store> Engine<S> {
                     // perhaps on another server): this escalation can never
                     // be used, so it is not left for a reviewer, and the
                     // step's outcome is the answer, as for any later begin.
-                    let slot = EscalationTarget::Step {
-                        run_id: run_id.clone(),
-                        step_id: step_id.clone(),
-                        request_digest: None,
-                    };
-                    self.withdraw_slot(&caller, &slot, now).await?;
+                    self.withdraw_step_slot(&caller, &state.run, step_id, now)
+                        .await?;
                     return self.replay_step(&caller, resource, outcome, now).await;
                 }
                 return Ok(StepGate::Escalated {
