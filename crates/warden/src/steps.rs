@@ -857,11 +857,14 @@ impl<S: Store> Engine<S> {
             .await?
         {
             RecordStep::Recorded => {
-                // A begin that escalated while this one ran the step can
-                // only have been decided as this one was: escalated (this
-                // one then proceeded on the approval). A step whose gate is
-                // not known here (completed on another server, or without
-                // a begin) is looked at too.
+                // A begin that escalated while this one ran the step was
+                // decided against the same envelope, so as this one was:
+                // escalated (this one then proceeded on the approval). A
+                // step whose gate is not known here (completed on another
+                // server, or without a begin) is looked at too. Not looked
+                // at: an operator declassifying the run's envelope between
+                // two concurrent begins, the first escalated and the second
+                // allowed; the escalated one still looks after its insert.
                 if gated.is_none_or(|g| g.gate.verdict == Verdict::Escalate) {
                     self.withdraw_step_slot(&caller, run, &step.step_id, now)
                         .await?;
