@@ -283,7 +283,9 @@ mod tests {
         let w = std::sync::Arc::clone(&l.world);
         let cfg = Config {
             batch_ns: 2_000.0,
-            samples: 200,
+            // Enough samples that the 300th answer is timed even when every
+            // batch is one decision (a debug build's Warden churn).
+            samples: 400,
             budget_ns: 50e6,
             chunk: 4,
         };

@@ -9,6 +9,10 @@ use std::borrow::Cow;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+/// Short shared text: identifiers and codes of up to 23 bytes are stored
+/// inline and longer ones behind an `Arc`, so cloning a [`Decision`] (or
+/// building one from an identifier) never allocates for them.
+pub use smol_str::SmolStr;
 
 use crate::ids::{AgentId, Label};
 use crate::time::Timestamp;
@@ -271,11 +275,11 @@ pub struct Decision {
     pub subject: Subject,
     /// What was attempted: an action name (`memory.read`) or a governance
     /// operation (`sop.validate`, `agent.register`, ...).
-    pub operation: String,
+    pub operation: SmolStr,
     /// What it was attempted on (`project.client_region`, `sop:step`, ...).
-    pub resource: String,
+    pub resource: SmolStr,
     /// The policy bundle version the decision was made under.
-    pub policy_version: String,
+    pub policy_version: SmolStr,
     /// Obligations attached by a `constrain` verdict.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub obligations: Vec<Obligation>,

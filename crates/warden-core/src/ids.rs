@@ -7,7 +7,6 @@
 //! well formed and comparisons are plain string comparisons.
 
 use std::fmt;
-use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -56,17 +55,22 @@ macro_rules! identifier {
     ($(#[$meta:meta])* $name:ident) => {
         $(#[$meta])*
         #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub struct $name(Arc<str>);
+        pub struct $name(::smol_str::SmolStr);
 
         impl $name {
             /// Parse `s`, rejecting anything that is not a valid identifier.
             pub fn parse(s: &str) -> Result<Self, IdentifierError> {
                 check_identifier(s)?;
-                Ok(Self(Arc::from(s)))
+                Ok(Self(::smol_str::SmolStr::from(s)))
             }
 
             /// The identifier as a string slice.
             pub fn as_str(&self) -> &str {
+                &self.0
+            }
+
+            /// The identifier as shared text; cloning it does not allocate.
+            pub fn as_text(&self) -> &::smol_str::SmolStr {
                 &self.0
             }
         }

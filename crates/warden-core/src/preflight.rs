@@ -23,12 +23,13 @@
 use std::collections::HashSet;
 
 use foldhash::fast::RandomState;
+use smallvec::SmallVec;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::catalogue::{ActionCatalogue, reasons as arg};
-use crate::decision::{Decision, Reason, Subject, Verdict, reasons};
+use crate::decision::{Decision, Reason, SmolStr, Subject, Verdict, reasons};
 use crate::envelope::{ActionRef, ContextPolicy, ContextRequest, Envelope, decide};
 use crate::hierarchy::{AgentNode, Hierarchy};
 use crate::ids::{ActionName, AgentId, check_identifier};
@@ -60,14 +61,17 @@ pub struct PreflightContext<'a> {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepCheck {
     /// The step id as written (may be empty or repeated: that is a finding).
-    pub step_id: String,
+    pub step_id: SmolStr,
     /// The action as written.
-    pub action: String,
+    pub action: SmolStr,
     /// The decision (its reason is the first violation).
     pub decision: Decision,
     /// Every violation found for this step, in check order.
-    pub violations: Vec<Reason>,
+    pub violations: Violations,
 }
+
+/// A step's violations: most steps have none or one, held inline.
+pub type Violations = SmallVec<[Reason; 2]>;
 
 /// The result of preflight.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -162,13 +166,14 @@ pub fn admit_with_bound(
     // Step ids are short and hashed once each: foldhash, not SipHash.
     let mut seen: HashSet<&str, RandomState> =
         HashSet::with_capacity_and_hasher(sop.steps.len(), RandomState::default());
-    let mut found: Vec<Vec<Reason>> = sop
+    let policy_version = SmolStr::from(ctx.policy_version);
+    let mut steps: Vec<StepCheck> = sop
         .steps
         .iter()
         .enumerate()
         .map(|(i, step)| {
             let step_id = step.step_id_str();
-            let mut violations = Vec::new();
+            let mut violations = Violations::new();
             if let Some(r) = &agent_failure {
                 violations.push(r.clone());
             }
@@ -186,13 +191,14 @@ pub fn admit_with_bound(
                 bound.get(i),
                 &mut violations,
             );
-            violations
+            step_check(&policy_version, actor, sop, step, violations, now)
         })
         .collect();
+    let mut admitted = steps.iter().all(|c| c.decision.permits());
     if let Some(run) = run
-        && found.iter().all(Vec::is_empty)
+        && admitted
     {
-        for (step, violations) in sop.steps.iter().zip(found.iter_mut()) {
+        for (step, check) in sop.steps.iter().zip(steps.iter_mut()) {
             let action = ActionRef {
                 name: step.action.as_str(),
                 tags: ctx
@@ -212,21 +218,14 @@ pub fn admit_with_bound(
                 },
             );
             if cd.is_permanent() {
-                violations.push(cd.reason);
+                // The step had no violation: this one is its first.
+                check.decision.verdict = Verdict::Deny;
+                check.decision.reason = cd.reason.clone();
+                check.violations.push(cd.reason);
+                admitted = false;
             }
         }
     }
-    let mut admitted = true;
-    let steps = sop
-        .steps
-        .iter()
-        .zip(found)
-        .map(|(step, violations)| {
-            let check = step_check(ctx, actor, sop, step, violations, now);
-            admitted &= check.decision.permits();
-            check
-        })
-        .collect();
     Preflight { admitted, steps }
 }
 
@@ -244,9 +243,9 @@ pub fn check_call(
     arguments: &Value,
 ) -> Vec<Reason> {
     let node = actor_node(ctx, actor);
-    let mut violations: Vec<Reason> = agent_failure(node).into_iter().collect();
+    let mut violations: Violations = agent_failure(node).into_iter().collect();
     action_violations(ctx, node, actor, action, arguments, None, &mut violations);
-    violations
+    violations.into_vec()
 }
 
 fn actor_node<'h>(ctx: &PreflightContext<'h>, actor: &AgentId) -> Option<&'h AgentNode> {
@@ -272,7 +271,7 @@ fn action_violations(
     action: &ActionName,
     arguments: &Value,
     bound: Option<&BoundPositions>,
-    violations: &mut Vec<Reason>,
+    violations: &mut Violations,
 ) {
     let Some(idx) = ctx.catalogue.index_of(action.as_str()) else {
         violations.push(reasons::UNKNOWN_ACTION);
@@ -290,6 +289,9 @@ fn action_violations(
         check_memory_step(action, args, actor, bound, violations);
     }
     let found = ctx.catalogue.check_argument_value(idx, arguments);
+    if found.is_empty() {
+        return;
+    }
     match bound {
         Some(b) if !b.is_empty() => violations.extend(found.into_iter().filter(|r| !b.skips(r))),
         _ => violations.extend(found),
@@ -375,12 +377,13 @@ impl BoundPositions {
 }
 
 /// The check of one step: denied with its first violation, if any.
+#[inline]
 fn step_check(
-    ctx: &PreflightContext<'_>,
+    policy_version: &SmolStr,
     actor: &AgentId,
     sop: &Sop,
     step: &Step,
-    violations: Vec<Reason>,
+    violations: Violations,
     now: Timestamp,
 ) -> StepCheck {
     let step_id = step.step_id_str();
@@ -388,20 +391,21 @@ fn step_check(
         None => (Verdict::Allow, reasons::STEP_ALLOWED),
         Some(r) => (Verdict::Deny, r.clone()),
     };
-    let mut resource = String::with_capacity(sop.sop_id.as_str().len() + 1 + step_id.len());
-    resource.push_str(sop.sop_id.as_str());
-    resource.push(':');
-    resource.push_str(step_id);
+    // `sop:step` is usually short enough to be stored inline (no allocation).
+    let resource = SmolStr::from_iter([sop.sop_id.as_str(), ":", step_id]);
     StepCheck {
-        step_id: step_id.to_owned(),
-        action: step.action.as_str().to_owned(),
+        step_id: step
+            .step_id
+            .as_ref()
+            .map_or_else(SmolStr::default, |id| id.as_text().clone()),
+        action: step.action.as_text().clone(),
         decision: Decision {
             verdict,
             reason,
             subject: Subject::Agent(actor.clone()),
-            operation: OP_SOP_VALIDATE.to_owned(),
+            operation: SmolStr::new_static(OP_SOP_VALIDATE),
             resource,
-            policy_version: ctx.policy_version.to_owned(),
+            policy_version: policy_version.clone(),
             obligations: Vec::new(),
             time: now,
         },
@@ -414,7 +418,7 @@ fn check_memory_step(
     args: &serde_json::Map<String, Value>,
     actor: &AgentId,
     bound: Option<&BoundPositions>,
-    violations: &mut Vec<Reason>,
+    violations: &mut Violations,
 ) {
     let is_bound = |field: &str| bound.is_some_and(|b| b.binds_member(field));
     for field in ["namespace", "key"] {

@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use serde_json::Value;
 use warden_core::audit::AuditDraft;
 use warden_core::bundle::{Policy, seed_class, seed_spec};
-use warden_core::decision::{Decision, Reason, Subject, Verdict, reasons};
+use warden_core::decision::{Decision, Reason, SmolStr, Subject, Verdict, reasons};
 use warden_core::envelope::EnvelopeId;
 use warden_core::hierarchy::{AgentIdx, AgentSpec, AgentStatus, Hierarchy};
 use warden_core::ids::{ActionName, AgentId};
@@ -412,16 +412,16 @@ impl<S: Store> Engine<S> {
         verdict: Verdict,
         reason: Reason,
         operation: &str,
-        resource: String,
+        resource: impl Into<SmolStr>,
         now: Timestamp,
     ) -> Decision {
         Decision {
             verdict,
             reason,
             subject: caller.clone(),
-            operation: operation.to_owned(),
-            resource,
-            policy_version: self.inner.policy.version.clone(),
+            operation: SmolStr::from(operation),
+            resource: resource.into(),
+            policy_version: SmolStr::from(self.inner.policy.version.as_str()),
             obligations: Vec::new(),
             time: now,
         }

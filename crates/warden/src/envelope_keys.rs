@@ -52,9 +52,9 @@ fn drafts(
         verdict: Verdict::Allow,
         reason: ENVELOPE_KEY_STORED,
         subject: Subject::Operator,
-        operation: operation.to_owned(),
-        resource: format!("generation {}", key.generation),
-        policy_version: policy_version.to_owned(),
+        operation: operation.into(),
+        resource: format!("generation {}", key.generation).into(),
+        policy_version: policy_version.into(),
         obligations: Vec::new(),
         time: now,
     };

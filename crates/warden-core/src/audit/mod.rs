@@ -124,11 +124,11 @@ impl AuditDraft {
         Self {
             time: decision.time,
             subject: decision.subject.to_string(),
-            operation: decision.operation.clone(),
-            resource: decision.resource.clone(),
+            operation: decision.operation.to_string(),
+            resource: decision.resource.to_string(),
             verdict: decision.verdict,
             reason: decision.reason.to_string(),
-            policy_version: decision.policy_version.clone(),
+            policy_version: decision.policy_version.to_string(),
             details,
         }
     }

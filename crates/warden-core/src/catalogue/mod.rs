@@ -29,7 +29,7 @@ mod path;
 mod rules;
 mod spec;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, LazyLock};
 
@@ -457,6 +457,10 @@ fn truncate(s: &str, max: usize) -> &str {
 pub struct ActionCatalogue {
     /// Sorted by name; position = [`ActionIndex`].
     actions: Vec<CompiledAction>,
+    /// Name to position: one hash and one comparison per lookup, where a
+    /// binary search compares names a handful of times (every step of a
+    /// preflight and every call looks its action up).
+    positions: HashMap<Box<str>, ActionIndex, foldhash::fast::RandomState>,
 }
 
 impl fmt::Debug for ActionCatalogue {
@@ -496,16 +500,20 @@ impl ActionCatalogue {
                 specs.get(name),
             )?);
         }
-        Ok(Self { actions })
+        let positions = actions
+            .iter()
+            .enumerate()
+            .filter_map(|(pos, a)| {
+                let idx = u16::try_from(pos).ok().map(ActionIndex)?;
+                Some((Box::from(a.name.as_str()), idx))
+            })
+            .collect();
+        Ok(Self { actions, positions })
     }
 
     /// The index of the action called `name`, if it is known.
     pub fn index_of(&self, name: &str) -> Option<ActionIndex> {
-        self.actions
-            .binary_search_by(|a| a.name.as_str().cmp(name))
-            .ok()
-            .and_then(|pos| u16::try_from(pos).ok())
-            .map(ActionIndex)
+        self.positions.get(name).copied()
     }
 
     /// The action at `idx`; `None` for an index from another catalogue that

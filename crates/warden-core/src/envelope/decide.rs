@@ -186,9 +186,9 @@ impl ContextDecision {
     pub fn into_decision(
         self,
         subject: impl Into<crate::decision::Subject>,
-        operation: impl Into<String>,
-        resource: impl Into<String>,
-        policy_version: impl Into<String>,
+        operation: impl Into<crate::decision::SmolStr>,
+        resource: impl Into<crate::decision::SmolStr>,
+        policy_version: impl Into<crate::decision::SmolStr>,
         time: Timestamp,
     ) -> Decision {
         Decision {

@@ -5,7 +5,6 @@
 //! audit entries, signed tokens and receipts without escaping.
 
 use std::fmt;
-use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 

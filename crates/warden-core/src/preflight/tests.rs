@@ -322,7 +322,7 @@ fn a_restricted_starting_envelope_rejects_the_export_step_only() {
         ]
     );
     assert_eq!(
-        result.steps[1].violations,
+        result.steps[1].violations.as_slice(),
         [Reason::code("restricted_by:no_external_export")]
     );
 
@@ -333,7 +333,7 @@ fn a_restricted_starting_envelope_rejects_the_export_step_only() {
         result
             .steps
             .iter()
-            .all(|s| s.violations == [reasons::UNKNOWN_AGENT])
+            .all(|s| s.violations.as_slice() == [reasons::UNKNOWN_AGENT])
     );
 }
 

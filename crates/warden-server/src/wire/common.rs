@@ -5,7 +5,7 @@ use axum::response::{IntoResponse, Response};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use warden_core::decision::{Decision, Verdict};
+use warden_core::decision::{Decision, SmolStr, Verdict};
 
 /// A JSON response with a status.
 #[derive(Debug)]
@@ -79,11 +79,11 @@ pub struct DecisionBody {
     /// The caller (from the token).
     pub subject: String,
     /// The operation.
-    pub operation: String,
+    pub operation: SmolStr,
     /// The resource.
-    pub resource: String,
+    pub resource: SmolStr,
     /// Policy version.
-    pub policy_version: String,
+    pub policy_version: SmolStr,
     /// Obligations of a `constrain` verdict.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub obligations: Vec<Value>,

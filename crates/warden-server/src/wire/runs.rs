@@ -3,6 +3,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use warden_core::decision::SmolStr;
 use warden_core::ids::{ActionName, Label, RunId, StepId};
 use warden_core::plan::{
     ConstraintBy, Fill, PlanExplanation, PositionExplanation, StepExplanation,
@@ -60,9 +61,9 @@ pub struct CompleteStepRequest {
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct StepDecisionBody {
     /// Step id as written.
-    pub step_id: String,
+    pub step_id: SmolStr,
     /// Action as written.
-    pub action: String,
+    pub action: SmolStr,
     /// The decision (its reason is the first violation).
     pub decision: DecisionBody,
     /// Every violation, in check order.
@@ -103,9 +104,9 @@ pub struct ValidateResponse {
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct StepProvenanceBody {
     /// Step id as written.
-    pub step_id: String,
+    pub step_id: SmolStr,
     /// Action as written.
-    pub action: String,
+    pub action: SmolStr,
     /// Whether the catalogue has the action.
     pub known_action: bool,
     /// Whether the action is an outbound read.
@@ -251,8 +252,8 @@ fn position_body(p: &PositionExplanation) -> PositionBody {
 impl From<&StepExplanation> for StepProvenanceBody {
     fn from(s: &StepExplanation) -> Self {
         Self {
-            step_id: s.step_id.clone(),
-            action: s.action.clone(),
+            step_id: s.step_id.as_str().into(),
+            action: s.action.as_str().into(),
             known_action: s.known_action,
             outbound_read: s.outbound_read,
             result_origins: s.result_origins.clone(),
