@@ -9,13 +9,15 @@
 //!   agents (`PgStore::agents_by_id`) and applies them to the engine's
 //!   cache (`Engine::apply_agents`), recording nothing: the server that
 //!   made the change recorded the decision;
-//! - token changes need nothing: every request looks its token up in the
-//!   database;
+//! - a token revocation takes the named tokens out of the engine's token
+//!   cache (`Engine::forget_tokens`); an issue needs nothing (a token not
+//!   cached is read from the database);
 //! - after a lost listener connection (`Resumed`), and every sync interval
 //!   regardless, the whole hierarchy is reconciled from `load_agents`
-//!   (`Engine::reload_agents`) through the connection pool, so a missed or
-//!   failed notification is repaired within one interval even while the
-//!   listener is down.
+//!   (`Engine::reload_agents`) through the connection pool and the token
+//!   cache emptied (`Engine::forget_all_tokens`), so a missed or failed
+//!   notification is repaired within one interval even while the listener
+//!   is down.
 //!
 //! A change this server made itself arrives too and finds the cache already
 //! up to date.
@@ -70,8 +72,13 @@ pub async fn follow(
 async fn apply(store: &PgStore, engine: &ServerEngine, change: Change) {
     match change.kind {
         ChangeKind::AgentInserted | ChangeKind::AgentStatus | ChangeKind::AgentCapabilities => {}
-        // Tokens are looked up in the database on every request.
-        ChangeKind::TokenInserted | ChangeKind::TokenRevoked => return,
+        ChangeKind::TokenRevoked => {
+            let ids: Vec<&str> = change.ids.iter().map(String::as_str).collect();
+            engine.forget_tokens(&ids);
+            return;
+        }
+        // A token not cached is read from the database.
+        ChangeKind::TokenInserted => return,
     }
     let ids: Vec<AgentId> = change
         .ids
@@ -102,6 +109,9 @@ async fn apply(store: &PgStore, engine: &ServerEngine, change: Change) {
 }
 
 async fn reconcile(engine: &ServerEngine, why: &str) {
+    // First, so a token revoked behind a lost notification is read again
+    // even when the reload below fails.
+    engine.forget_all_tokens();
     match engine.reload_agents().await {
         Ok(applied) if !applied.is_empty() => tracing::info!(
             why,

@@ -2,10 +2,11 @@
 //! within its request rate, and which agents and runs it may see. Every
 //! refusal a subject can be named for is a recorded decision.
 //!
-//! [`Engine::authenticate`] looks the token's hash up in the store **on
-//! every request** (so a revocation made by any engine sharing the store
-//! takes effect on the next request) and compares the stored hash with the
-//! computed one in constant time. A token whose agent this engine's cache
+//! [`Engine::authenticate`] looks the token's hash up in the engine's
+//! token cache, else in the store (a token found active is cached; see
+//! `tokens` for how revocations leave the cache: at once through this
+//! engine, within the hierarchy cache's bound through another), and
+//! compares the stored hash with the computed one in constant time. A token whose agent this engine's cache
 //! does not know yet (another engine sharing the store registered it
 //! moments ago) makes the engine look the agent up in the store once
 //! ([`Engine::refresh_agent`]) rather than refuse it.
@@ -405,8 +406,15 @@ impl<S: Store> Engine<S> {
             return Ok(Authentication::Invalid);
         }
         let hash = hash_token(secret);
-        let Some(record) = self.inner.store.find_token(hash).await? else {
-            return Ok(Authentication::Invalid);
+        let record = match self.inner.tokens.get(&hash) {
+            Ok(record) => record,
+            Err(generation) => {
+                let Some(record) = self.inner.store.find_token(hash).await? else {
+                    return Ok(Authentication::Invalid);
+                };
+                self.inner.tokens.fill(generation, &record);
+                record
+            }
         };
         if !bool::from(record.hash.0.ct_eq(&hash.0)) {
             return Ok(Authentication::Invalid);

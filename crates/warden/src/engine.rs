@@ -198,6 +198,8 @@ pub(crate) struct Inner<S> {
     pub(crate) session_indexes: crate::sessions::IndexCache,
     /// Per-agent windows of refusals counted rather than recorded.
     pub(crate) refusals: crate::access::RefusalWindows,
+    /// Active tokens found, by hash.
+    pub(crate) tokens: crate::tokens::TokenCache,
 }
 
 /// The governance engine. Cheap to clone; all clones share state.
@@ -258,6 +260,7 @@ impl<S: Store> Engine<S> {
                     i64::try_from(crate::tickets::DEFAULT_RUN_TTL.as_millis()).unwrap_or(i64::MAX),
                 ),
                 refusals: crate::access::RefusalWindows::default(),
+                tokens: crate::tokens::TokenCache::default(),
             }),
         };
         engine.seed(first_start).await?;

@@ -8,8 +8,26 @@
 //! `token_issued` with the token id in the details, `token.revoke` /
 //! `token_revoked`). Checking a token on a request is
 //! [`Engine::authenticate`](crate::Engine::authenticate).
+//!
+//! ## The token cache
+//!
+//! An engine keeps the tokens it has found active in a cache
+//! (`TokenCache`, by hash), so a request whose token it has seen costs
+//! no read. A revocation through this engine takes its token out of the
+//! cache once the store has committed it, before the revocation is
+//! answered; one through another engine sharing the store reaches this one
+//! by [`Engine::forget_tokens`] (the change feed, on PostgreSQL) or
+//! [`Engine::forget_all_tokens`] (the periodic reconcile), the bound the
+//! hierarchy cache has too. Every forget moves the cache to a new
+//! generation, and a lookup that read the store under an older generation
+//! does not fill it: a read that raced a revocation is used once, never
+//! kept. Revoked tokens are never cached, and the agent a token names is
+//! checked against the hierarchy on every request, so revoking an agent
+//! needs no forget.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::Mutex;
 
 use serde_json::json;
 use warden_core::audit::Digest;
@@ -29,6 +47,74 @@ pub const GENERATED_OPERATOR_TOKEN_ID: &str = "operator";
 pub const MAX_TOKEN_LEN: usize = 512;
 /// Shortest operator token accepted from the environment.
 pub const MIN_OPERATOR_TOKEN_LEN: usize = 32;
+
+/// Most tokens a [`TokenCache`] holds; a fill past it starts it afresh.
+const TOKEN_CACHE_CAPACITY: usize = 65_536;
+
+/// Active tokens an engine has found, by the hash of their secret (see
+/// the module docs).
+#[derive(Default)]
+pub(crate) struct TokenCache {
+    state: Mutex<TokenCacheState>,
+}
+
+#[derive(Default)]
+struct TokenCacheState {
+    generation: u64,
+    by_hash: HashMap<[u8; 32], TokenRecord>,
+}
+
+impl TokenCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TokenCacheState> {
+        // The state is a map and a counter, consistent at every await-free
+        // step: a panic elsewhere cannot leave it half-changed.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The cached record of `hash`, or the generation a fill from the
+    /// store must carry.
+    pub(crate) fn get(&self, hash: &Digest) -> Result<TokenRecord, u64> {
+        let state = self.lock();
+        state.by_hash.get(&hash.0).cloned().ok_or(state.generation)
+    }
+
+    /// Keep `record`, read from the store under `generation`, unless a
+    /// forget came in between or it is revoked.
+    pub(crate) fn fill(&self, generation: u64, record: &TokenRecord) {
+        if record.revoked {
+            return;
+        }
+        let mut state = self.lock();
+        if state.generation != generation {
+            return;
+        }
+        if state.by_hash.len() >= TOKEN_CACHE_CAPACITY {
+            state.by_hash.clear();
+        }
+        state.by_hash.insert(record.hash.0, record.clone());
+    }
+
+    /// Drop the tokens with these ids.
+    pub(crate) fn forget(&self, token_ids: &[&str]) {
+        let mut state = self.lock();
+        state.generation += 1;
+        state
+            .by_hash
+            .retain(|_, r| !token_ids.contains(&r.token_id.as_str()));
+    }
+
+    /// Drop every token.
+    pub(crate) fn forget_all(&self) {
+        let mut state = self.lock();
+        state.generation += 1;
+        state.by_hash.clear();
+    }
+
+    /// How many tokens are cached.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().by_hash.len()
+    }
+}
 
 /// A freshly issued token: the secret is shown once, never stored (and
 /// never printed by `Debug`).
@@ -147,6 +233,26 @@ pub enum OperatorTokenError {
 }
 
 impl<S: Store> Engine<S> {
+    /// Take the tokens with these ids out of this engine's token cache: a
+    /// revocation another engine sharing the store made (the change feed
+    /// says which). Unknown ids are ignored.
+    pub fn forget_tokens(&self, token_ids: &[&str]) {
+        self.inner.tokens.forget(token_ids);
+    }
+
+    /// Empty this engine's token cache, so every token is read from the
+    /// store again on its next request: after changes this engine may
+    /// have missed (a reconnect of the change feed, the periodic
+    /// reconcile).
+    pub fn forget_all_tokens(&self) {
+        self.inner.tokens.forget_all();
+    }
+
+    /// How many active tokens this engine has cached.
+    pub fn cached_tokens(&self) -> usize {
+        self.inner.tokens.len()
+    }
+
     /// Issue a token for `subject`, recorded as issued by `issuer`
     /// (`token.issue`). An unknown agent is [`EngineError::NotFound`]; a
     /// revoked one is [`TokenIssue::AgentRevoked`].
@@ -227,8 +333,11 @@ impl<S: Store> Engine<S> {
             .inner
             .store
             .revoke_token(token_id.to_owned(), vec![self.draft(&decision)])
-            .await?;
-        Ok(if revoked {
+            .await;
+        // Whatever the store said: a failed commit may still have
+        // committed.
+        self.inner.tokens.forget(&[token_id]);
+        Ok(if revoked? {
             TokenRevocation::Revoked { decision }
         } else {
             unknown()
@@ -330,5 +439,56 @@ mod tests {
         assert!(!well_formed("has space"));
         assert!(!well_formed(&"a".repeat(MAX_TOKEN_LEN + 1)));
         assert!(well_formed(&"a".repeat(MAX_TOKEN_LEN)));
+    }
+
+    fn record(n: u8, revoked: bool) -> TokenRecord {
+        TokenRecord {
+            token_id: format!("tok_{n}"),
+            hash: Digest([n; 32]),
+            subject: TokenSubject::Operator,
+            created_at: warden_core::time::Timestamp(0),
+            revoked,
+        }
+    }
+
+    #[test]
+    fn the_cache_keeps_only_active_tokens_read_in_the_current_generation() {
+        let cache = TokenCache::default();
+        let generation = cache.get(&Digest([1; 32])).unwrap_err();
+        cache.fill(generation, &record(1, false));
+        assert_eq!(cache.get(&Digest([1; 32])).unwrap(), record(1, false));
+        // A revoked record is never kept.
+        cache.fill(generation, &record(2, true));
+        assert!(cache.get(&Digest([2; 32])).is_err());
+        // A read that raced a forget (of any token) is not kept.
+        let stale = cache.get(&Digest([3; 32])).unwrap_err();
+        cache.forget(&["tok_unrelated"]);
+        cache.fill(stale, &record(3, false));
+        assert!(cache.get(&Digest([3; 32])).is_err());
+        assert_eq!(cache.len(), 1);
+        let stale = cache.get(&Digest([3; 32])).unwrap_err();
+        cache.forget_all();
+        assert_eq!(cache.len(), 0);
+        cache.fill(stale, &record(3, false));
+        assert_eq!(cache.len(), 0);
+        // Forgetting by id drops that token only.
+        let generation = cache.get(&Digest([4; 32])).unwrap_err();
+        cache.fill(generation, &record(4, false));
+        cache.fill(generation, &record(5, false));
+        cache.forget(&["tok_4"]);
+        assert!(cache.get(&Digest([4; 32])).is_err());
+        assert!(cache.get(&Digest([5; 32])).is_ok());
+    }
+
+    #[test]
+    fn a_full_cache_starts_afresh() {
+        let cache = TokenCache::default();
+        for i in 0..=TOKEN_CACHE_CAPACITY {
+            let mut r = record(0, false);
+            r.hash.0[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            r.token_id = format!("tok_{i}");
+            cache.fill(0, &r);
+        }
+        assert_eq!(cache.len(), 1);
     }
 }

@@ -1057,3 +1057,99 @@ fn two_servers_share_the_stored_envelope_key_and_its_rotation() {
         rotated_at.elapsed()
     );
 }
+
+/// Tokens are cached per server: a token revoked through A is refused
+/// on B (which had it cached) within the documented bound, at once on A;
+/// one revoked in the database behind both servers' backs (no change row,
+/// no notification) is refused on both within one sync interval.
+#[test]
+fn a_cached_token_revoked_elsewhere_is_refused_within_the_bound() {
+    let base = url_or_skip!();
+    let schema = Schema::new(base);
+    let a = Server::start(&schema.url);
+    let b = Server::start(&schema.url);
+    let (status, body) = ok(
+        &a.addr,
+        "POST",
+        "/v1/agents",
+        OP,
+        Some(&json!({"agent_id": "cached", "capabilities": ["memory.read", "memory.write"]})),
+    );
+    assert_eq!(status, 201, "{body}");
+    let (token, token_id) = (
+        body["token"].as_str().unwrap().to_owned(),
+        body["token_id"].as_str().unwrap().to_owned(),
+    );
+    let (status, body) = ok(&a.addr, "POST", "/v1/agents/cached/tokens", OP, None);
+    assert_eq!(status, 201, "{body}");
+    let silent = body["token"].as_str().unwrap().to_owned();
+    // Both tokens used on both servers: cached on each.
+    for server in [&a, &b] {
+        for secret in [&token, &silent] {
+            let (status, body) = ok(&server.addr, "GET", "/v1/agents/self", secret, None);
+            assert_eq!(status, 200, "{body}");
+        }
+    }
+    let bound = Duration::from_millis(SYNC_INTERVAL_MS) + Duration::from_secs(2);
+    let refused_within = |server: &Server, secret: &str, since: Instant, what: &str| {
+        loop {
+            let (status, body) = ok(&server.addr, "GET", "/v1/agents/self", secret, None);
+            if status == 401 {
+                assert_eq!(body["error"]["code"], json!("token_revoked"), "{body}");
+                break since.elapsed();
+            }
+            assert_eq!(status, 200, "{body}");
+            assert!(
+                since.elapsed() < bound,
+                "{what}: still accepted after {:?}\n{}",
+                since.elapsed(),
+                server.log()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+
+    // Revoked through A: A refuses at once, B within the bound.
+    let (status, body) = ok(
+        &a.addr,
+        "DELETE",
+        &format!("/v1/tokens/{token_id}"),
+        OP,
+        None,
+    );
+    assert_eq!(status, 200, "{body}");
+    let revoked_at = Instant::now();
+    let (status, body) = ok(&a.addr, "GET", "/v1/agents/self", &token, None);
+    assert_eq!(status, 401, "{body}");
+    let after = refused_within(&b, &token, revoked_at, "revoked through A, on B");
+    eprintln!("token revoked on A refused on B after {after:?}");
+
+    // Revoked in the database with no change row: both servers refuse it
+    // within one sync interval (the reconcile empties the cache), and the
+    // agent's other use of the servers is unaffected.
+    let changes_before = count(&schema.url, "SELECT count(*) FROM changes");
+    sql(
+        &schema.url,
+        &format!(
+            "UPDATE tokens SET revoked = true WHERE hash = decode('{}', 'hex')",
+            warden::hash_token(&silent).to_hex()
+        ),
+    );
+    let revoked_at = Instant::now();
+    for (name, server) in [("A", &a), ("B", &b)] {
+        let after = refused_within(server, &silent, revoked_at, name);
+        eprintln!("unnotified token revocation refused on {name} after {after:?}");
+    }
+    assert_eq!(
+        count(&schema.url, "SELECT count(*) FROM changes"),
+        changes_before
+    );
+    // A token never revoked still works on both.
+    let (status, body) = ok(&a.addr, "POST", "/v1/agents/cached/tokens", OP, None);
+    assert_eq!(status, 201, "{body}");
+    let fresh = body["token"].as_str().unwrap().to_owned();
+    for server in [&a, &b] {
+        let (status, body) = ok(&server.addr, "GET", "/v1/agents/self", &fresh, None);
+        assert_eq!(status, 200, "{body}");
+    }
+}

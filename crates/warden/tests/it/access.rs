@@ -549,3 +549,78 @@ async fn runs_and_their_envelopes_are_visible_to_their_agent_the_operator_and_an
     assert_eq!(entry.draft.verdict, Verdict::Deny);
     assert_eq!(count(&engine).await, before + 2);
 }
+
+/// A token found active is cached: a revocation made in the store behind
+/// the engine's back (as another engine sharing the store would) is not
+/// seen until the engine forgets the token (the change feed) or all
+/// tokens (the reconcile); one made through the engine is refused at
+/// once. The cache never holds a revoked token.
+#[tokio::test]
+async fn tokens_are_cached_until_revoked_here_or_forgotten() {
+    let engine = lab().await;
+    let [a, b, c] = [
+        issue(&engine, "researcher").await,
+        issue(&engine, "researcher").await,
+        issue(&engine, "formatter").await,
+    ];
+    assert_eq!(engine.cached_tokens(), 0);
+    for t in [&a, &b, &c] {
+        assert!(matches!(
+            engine.authenticate(&t.secret, ROUTE).await.unwrap(),
+            Authentication::Agent(_)
+        ));
+    }
+    assert_eq!(engine.cached_tokens(), 3);
+
+    // Behind the engine's back: still cached, still accepted.
+    for t in [&a, &b] {
+        assert!(
+            engine
+                .store()
+                .revoke_token(t.token_id.clone(), Vec::new())
+                .await
+                .unwrap()
+        );
+    }
+    assert_eq!(
+        engine.authenticate(&a.secret, ROUTE).await.unwrap(),
+        Authentication::Agent(id("researcher"))
+    );
+    // Forgetting one token (and an unknown id) drops only that one.
+    engine.forget_tokens(&[a.token_id.as_str(), "tok_unknown"]);
+    assert_eq!(engine.cached_tokens(), 2);
+    assert_eq!(
+        engine.authenticate(&a.secret, ROUTE).await.unwrap(),
+        Authentication::TokenRevoked
+    );
+    assert_eq!(
+        engine.authenticate(&b.secret, ROUTE).await.unwrap(),
+        Authentication::Agent(id("researcher"))
+    );
+    // Forgetting all: the other revocation is seen; the revoked tokens are
+    // not cached, the active one is cached again on its next use.
+    engine.forget_all_tokens();
+    assert_eq!(engine.cached_tokens(), 0);
+    assert_eq!(
+        engine.authenticate(&b.secret, ROUTE).await.unwrap(),
+        Authentication::TokenRevoked
+    );
+    assert_eq!(
+        engine.authenticate(&c.secret, ROUTE).await.unwrap(),
+        Authentication::Agent(id("formatter"))
+    );
+    assert_eq!(engine.cached_tokens(), 1);
+
+    // Through the engine: refused at once, whatever was cached.
+    let out = engine
+        .revoke_token(&Caller::Operator, &c.token_id)
+        .await
+        .unwrap();
+    assert!(matches!(out, TokenRevocation::Revoked { .. }), "{out:?}");
+    assert_eq!(engine.cached_tokens(), 0);
+    assert_eq!(
+        engine.authenticate(&c.secret, ROUTE).await.unwrap(),
+        Authentication::TokenRevoked
+    );
+    assert_eq!(engine.cached_tokens(), 0);
+}
