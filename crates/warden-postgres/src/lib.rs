@@ -82,10 +82,14 @@
 //!   group that runs statements takes the head lock before any of its
 //!   jobs' rows, so groups never deadlock on each other's rows.
 //!   *Cost*: the head lock is taken once per group, however many decisions
-//!   the group holds: held for two round trips (the lock, then the insert
-//!   with the commit) and the commit flush by a group of records only (a
-//!   resolve, a denial: no statement of their own), for the whole group by
-//!   one that runs statements. Throughput
+//!   the group holds. A group of records only (a resolve, a denial: no
+//!   statement of their own) is sealed on the head its store predicts and
+//!   sent in one round trip whose insert happens only if the head is still
+//!   the predicted one, so it holds the lock for its insert and the commit
+//!   flush; a wrong prediction (another store moved the head) writes
+//!   nothing and the group is appended again under the lock (two round
+//!   trips and the flush). A group that runs statements holds the lock for
+//!   its whole transaction. Throughput
 //!   is about `groups in flight x group size / (lock hold)`; see
 //!   `BENCHMARKS.md` for measurements and `ARCHITECTURE.md` ("Past one
 //!   database") for the model. Reads never take the lock.

@@ -29,19 +29,31 @@ pub(crate) async fn put_in(
     quota: StorageQuota,
 ) -> Result<Option<PutOutcome>, StoreError> {
     let [owner, namespace, key] = record_key(&put.owner, &put.namespace, &put.key);
-    let usage = if quota.is_unlimited() {
-        Usage::default()
-    } else {
-        // Taken before anything is read: the owner's other
-        // quota-checked writes (on any server) wait until this commits.
-        tx.query(sql::QUOTA_LOCK, &[&QUOTA_LOCK_RECORDS, &owner])
+    let (usage, current) = if quota.is_unlimited() {
+        let row = tx
+            .query_opt(sql::SELECT_RECORD, &[&owner, &namespace, &key])
             .await?;
-        usage_out(&tx.query(sql::OWNER_USAGE, &[&owner]).await?)?
+        (Usage::default(), row)
+    } else {
+        // The lock is taken before anything is read (the three are
+        // pipelined, and run in order): the owner's other quota-checked
+        // writes (on any server) wait until this commits.
+        let [_, usage, mut current] = tx
+            .query3(
+                (sql::QUOTA_LOCK, &[&QUOTA_LOCK_RECORDS, &owner]),
+                (sql::OWNER_USAGE, &[&owner]),
+                (sql::SELECT_RECORD, &[&owner, &namespace, &key]),
+            )
+            .await?;
+        if current.len() > 1 {
+            return Err(StoreError::corrupt(format!(
+                "{} records stored at one key",
+                current.len()
+            )));
+        }
+        (usage_out(&usage)?, current.pop())
     };
-    let current = match tx
-        .query_opt(sql::SELECT_RECORD, &[&owner, &namespace, &key])
-        .await?
-    {
+    let current = match current {
         Some(row) => Some(record_out(&row)?),
         None => None,
     };

@@ -180,6 +180,30 @@ impl Conn {
         Ok(n)
     }
 
+    /// `BEGIN` (read committed), execute `sql` and `COMMIT`, pipelined:
+    /// one round trip once the statement is prepared. Returns the rows
+    /// `sql` affected; `Ok` only when the commit succeeded too. On any
+    /// failure the connection stays marked broken.
+    pub(crate) async fn begin_execute_commit(
+        &mut self,
+        sql: &'static str,
+        params: Params<'_>,
+    ) -> Result<u64, StoreError> {
+        let stmt = self.stmts.get(&self.client, sql).await?;
+        self.stmts.in_flight = true;
+        let (begun, executed, committed) = tokio::join!(
+            self.client
+                .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED"),
+            self.client.execute(&stmt, params),
+            self.client.batch_execute("COMMIT")
+        );
+        begun.db()?;
+        let n = executed.db()?;
+        committed.db()?;
+        self.stmts.in_flight = false;
+        Ok(n)
+    }
+
     /// Start a read-committed transaction (the isolation level every write
     /// path is designed for, whatever the server's default).
     pub(crate) async fn begin(&mut self) -> Result<Tx<'_>, StoreError> {
@@ -210,6 +234,7 @@ impl Conn {
         Ok(Tx {
             tx,
             stmts: &mut self.stmts,
+            savepoint: None,
         })
     }
 }
@@ -219,16 +244,88 @@ impl Conn {
 pub(crate) struct Tx<'c> {
     tx: tokio_postgres::Transaction<'c>,
     stmts: &'c mut StmtCache,
+    /// A `SAVEPOINT` statement not sent yet: it travels with the next
+    /// statement (see [`Tx::savepoint`]).
+    savepoint: Option<&'static str>,
+}
+
+/// Send `savepoint` (if any) and await it, pipelined with `f`: both are
+/// sent before either answer is awaited (a request is sent when its future
+/// is first polled, and `join!` polls in order).
+async fn after_savepoint<T>(
+    tx: &tokio_postgres::Transaction<'_>,
+    savepoint: Option<&'static str>,
+    f: impl Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, tokio_postgres::Error> {
+    let (saved, result) = tokio::join!(
+        async {
+            match savepoint {
+                Some(sql) => tx.batch_execute(sql).await,
+                None => Ok(()),
+            }
+        },
+        f
+    );
+    saved?;
+    result
 }
 
 impl Tx<'_> {
+    /// Open a savepoint (`sql` is its `SAVEPOINT` statement) with the next
+    /// statement, pipelined, rather than in a round trip of its own. Until
+    /// a statement runs there is nothing to roll back to:
+    /// [`Tx::rollback_to`] then sends nothing.
+    pub(crate) fn savepoint(&mut self, sql: &'static str) {
+        self.savepoint = Some(sql);
+    }
+
+    /// Roll back to the savepoint [`Tx::savepoint`] opened (`sql` is the
+    /// `ROLLBACK TO SAVEPOINT` statement); nothing to do if no statement
+    /// ran since.
+    pub(crate) async fn rollback_to(&mut self, sql: &'static str) -> Result<(), StoreError> {
+        if self.savepoint.take().is_some() {
+            return Ok(());
+        }
+        self.simple(sql).await
+    }
+
     pub(crate) async fn query(
         &mut self,
         sql: &'static str,
         params: Params<'_>,
     ) -> Result<Vec<Row>, StoreError> {
         let stmt = self.stmts.get(&self.tx, sql).await?;
-        self.stmts.exchange(self.tx.query(&stmt, params)).await
+        let savepoint = self.savepoint.take();
+        self.stmts
+            .exchange(after_savepoint(
+                &self.tx,
+                savepoint,
+                self.tx.query(&stmt, params),
+            ))
+            .await
+    }
+
+    /// Three queries pipelined (one round trip), answered in order; the
+    /// first error wins. Each runs after the one before it, as if awaited
+    /// one by one (a lock the first takes is held when the others read).
+    pub(crate) async fn query3(
+        &mut self,
+        a: (&'static str, Params<'_>),
+        b: (&'static str, Params<'_>),
+        c: (&'static str, Params<'_>),
+    ) -> Result<[Vec<Row>; 3], StoreError> {
+        let sa = self.stmts.get(&self.tx, a.0).await?;
+        let sb = self.stmts.get(&self.tx, b.0).await?;
+        let sc = self.stmts.get(&self.tx, c.0).await?;
+        let savepoint = self.savepoint.take();
+        let tx = &self.tx;
+        self.stmts
+            .exchange(after_savepoint(tx, savepoint, async {
+                let (ra, rb, rc) =
+                    tokio::join!(tx.query(&sa, a.1), tx.query(&sb, b.1), tx.query(&sc, c.1));
+                Ok([ra?, rb?, rc?])
+            }))
+            .await
     }
 
     pub(crate) async fn query_opt(
@@ -237,7 +334,14 @@ impl Tx<'_> {
         params: Params<'_>,
     ) -> Result<Option<Row>, StoreError> {
         let stmt = self.stmts.get(&self.tx, sql).await?;
-        self.stmts.exchange(self.tx.query_opt(&stmt, params)).await
+        let savepoint = self.savepoint.take();
+        self.stmts
+            .exchange(after_savepoint(
+                &self.tx,
+                savepoint,
+                self.tx.query_opt(&stmt, params),
+            ))
+            .await
     }
 
     pub(crate) async fn execute(
@@ -246,7 +350,14 @@ impl Tx<'_> {
         params: Params<'_>,
     ) -> Result<u64, StoreError> {
         let stmt = self.stmts.get(&self.tx, sql).await?;
-        self.stmts.exchange(self.tx.execute(&stmt, params)).await
+        let savepoint = self.savepoint.take();
+        self.stmts
+            .exchange(after_savepoint(
+                &self.tx,
+                savepoint,
+                self.tx.execute(&stmt, params),
+            ))
+            .await
     }
 
     /// Commit. `Ok` means the server reported the commit durable (see the
@@ -257,7 +368,14 @@ impl Tx<'_> {
 
     /// Run a simple statement without parameters (savepoints).
     pub(crate) async fn simple(&mut self, sql: &'static str) -> Result<(), StoreError> {
-        self.stmts.exchange(self.tx.batch_execute(sql)).await
+        let savepoint = self.savepoint.take();
+        self.stmts
+            .exchange(after_savepoint(
+                &self.tx,
+                savepoint,
+                self.tx.batch_execute(sql),
+            ))
+            .await
     }
 
     /// Execute `sql` and commit, pipelined: both are sent before either
@@ -270,7 +388,8 @@ impl Tx<'_> {
         sql: &'static str,
         params: Params<'_>,
     ) -> Result<u64, StoreError> {
-        let Tx { tx, stmts } = self;
+        // A savepoint not sent yet has no statement after it: dropped.
+        let Tx { tx, stmts, .. } = self;
         let stmt = stmts.get(&tx, sql).await?;
         stmts.in_flight = true;
         let (executed, committed) =

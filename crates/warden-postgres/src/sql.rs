@@ -67,6 +67,17 @@ pub const APPEND: &str = "WITH appended AS ( \
      SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::text[], \
        $6::text[], $7::text[], $8::text[], $9::text[], $10::bytea[], $11::bytea[])) \
      UPDATE audit_head SET seq = $12, hash = $13";
+/// [`APPEND`] only if the head is still `($14, $15)`: the head's update
+/// and the insert happen together or not at all (a head another
+/// transaction is moving is waited for, then checked again: zero rows
+/// inserted means it moved).
+pub const APPEND_AFTER: &str = "WITH moved AS ( \
+     UPDATE audit_head SET seq = $12, hash = $13 WHERE seq = $14 AND hash = $15 RETURNING 1) \
+     INSERT INTO audit_log (seq, time, subject, operation, resource, verdict, reason, \
+       policy_version, details, prev_hash, hash) \
+     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::text[], \
+       $6::text[], $7::text[], $8::text[], $9::text[], $10::bytea[], $11::bytea[]) \
+     WHERE EXISTS (SELECT 1 FROM moved)";
 pub const AUDIT_PAGE: &str = "SELECT seq, time, subject, operation, resource, verdict, reason, \
      policy_version, details, prev_hash, hash \
      FROM audit_log WHERE seq > $1 ORDER BY seq LIMIT $2";

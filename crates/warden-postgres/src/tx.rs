@@ -1,7 +1,7 @@
 //! The end of every group transaction: the audit append under the head
 //! lock, the change records, the commit; and helpers the operations share.
 
-use warden_core::audit::{AuditDraft, ChainHead};
+use warden_core::audit::{AuditDraft, ChainHead, entry_hash};
 use warden_core::ids::{AgentId, Key, Namespace};
 use warden_store::{Entity, StoreError};
 
@@ -85,7 +85,7 @@ impl Tx<'_> {
         head: ChainHead,
         drafts: Vec<AuditDraft>,
     ) -> Result<Vec<ChainHead>, StoreError> {
-        let sealed = Sealed::new(head, drafts)?;
+        let sealed = Sealed::new(head, &drafts)?;
         self.execute_and_commit(sql::APPEND, &sealed.params())
             .await?;
         Ok(sealed.heads)
@@ -113,7 +113,7 @@ pub(crate) struct Sealed {
 }
 
 impl Sealed {
-    pub(crate) fn new(head: ChainHead, drafts: Vec<AuditDraft>) -> Result<Self, StoreError> {
+    pub(crate) fn new(head: ChainHead, drafts: &[AuditDraft]) -> Result<Self, StoreError> {
         let n = drafts.len();
         let mut s = Sealed {
             seqs: Vec::with_capacity(n),
@@ -136,25 +136,22 @@ impl Sealed {
             let seq = next.seq.checked_add(1).ok_or_else(|| {
                 StoreError::backend("the audit log is full (sequence number overflow)")
             })?;
-            let entry = draft.seal(seq, next.hash);
-            s.seqs.push(u64_in(entry.seq, "audit sequence number")?);
-            s.times.push(entry.draft.time.0);
-            s.subjects.push(text_in(&entry.draft.subject).into_owned());
-            s.operations
-                .push(text_in(&entry.draft.operation).into_owned());
-            s.resources
-                .push(text_in(&entry.draft.resource).into_owned());
-            s.verdicts.push(codec::verdict_in(entry.draft.verdict));
-            s.reasons.push(text_in(&entry.draft.reason).into_owned());
-            s.policies
-                .push(text_in(&entry.draft.policy_version).into_owned());
-            s.details.push(json_in(&entry.draft.details)?);
-            s.prevs.push(entry.prev_hash.0.to_vec());
-            s.hashes.push(entry.hash.0.to_vec());
+            let hash = entry_hash(seq, draft, &next.hash);
+            s.seqs.push(u64_in(seq, "audit sequence number")?);
+            s.times.push(draft.time.0);
+            s.subjects.push(text_in(&draft.subject).into_owned());
+            s.operations.push(text_in(&draft.operation).into_owned());
+            s.resources.push(text_in(&draft.resource).into_owned());
+            s.verdicts.push(codec::verdict_in(draft.verdict));
+            s.reasons.push(text_in(&draft.reason).into_owned());
+            s.policies.push(text_in(&draft.policy_version).into_owned());
+            s.details.push(json_in(&draft.details)?);
+            s.prevs.push(next.hash.0.to_vec());
+            s.hashes.push(hash.0.to_vec());
             next = ChainHead {
                 count: next.count + 1,
-                seq: entry.seq,
-                hash: entry.hash,
+                seq,
+                hash,
             };
             s.heads.push(next);
         }
@@ -180,6 +177,79 @@ impl Sealed {
             &self.head_hash,
         ]
     }
+
+    /// The parameters of [`sql::APPEND_AFTER`]: those of [`sql::APPEND`]
+    /// and the head the entries were sealed after.
+    pub(crate) fn params_after<'a>(
+        &'a self,
+        expected_seq: &'a i64,
+        expected_hash: &'a &'a [u8],
+    ) -> [&'a (dyn tokio_postgres::types::ToSql + Sync); 15] {
+        let [a, b, c, d, e, f, g, h, i, j, k, l, m] = self.params();
+        [
+            a,
+            b,
+            c,
+            d,
+            e,
+            f,
+            g,
+            h,
+            i,
+            j,
+            k,
+            l,
+            m,
+            expected_seq,
+            expected_hash,
+        ]
+    }
+}
+
+/// What [`append_predicted`] found.
+pub(crate) enum Predicted {
+    /// The head was the predicted one: the entries are committed; the
+    /// head after each.
+    Appended(Vec<ChainHead>),
+    /// Another transaction moved the head first: nothing was written.
+    Moved,
+}
+
+/// The audit-only group on a predicted head, in one round trip: `BEGIN`,
+/// [`sql::APPEND_AFTER`] (the head update and the insert, both only if the
+/// head is still `head`) and `COMMIT`, pipelined. A group sealed after the
+/// head that an earlier group of this process is committing waits for that
+/// commit on the head row and then finds its prediction right, so
+/// consecutive groups need no round trip between them.
+pub(crate) async fn append_predicted(
+    conn: &mut crate::pool::Conn,
+    head: ChainHead,
+    drafts: &[AuditDraft],
+) -> Result<Predicted, StoreError> {
+    let sealed = Sealed::new(head, drafts)?;
+    let expected_seq = u64_in(head.seq, "audit sequence number")?;
+    let expected_hash: &[u8] = &head.hash.0;
+    let inserted = conn
+        .begin_execute_commit(
+            sql::APPEND_AFTER,
+            &sealed.params_after(&expected_seq, &expected_hash),
+        )
+        .await?;
+    match usize::try_from(inserted) {
+        Ok(n) if n == drafts.len() => Ok(Predicted::Appended(sealed.heads)),
+        Ok(0) => Ok(Predicted::Moved),
+        _ => Err(StoreError::corrupt(format!(
+            "a predicted append of {} entries inserted {inserted}",
+            drafts.len()
+        ))),
+    }
+}
+
+impl Sealed {
+    /// The head after the last entry (`head` when there is none).
+    pub(crate) fn last(&self, head: ChainHead) -> ChainHead {
+        self.heads.last().copied().unwrap_or(head)
+    }
 }
 
 /// The audit-only group: `BEGIN` with the head lock in one round trip, then
@@ -187,7 +257,7 @@ impl Sealed {
 /// after each draft.
 pub(crate) async fn append_only(
     conn: &mut crate::pool::Conn,
-    drafts: Vec<AuditDraft>,
+    drafts: &[AuditDraft],
 ) -> Result<(ChainHead, Vec<ChainHead>), StoreError> {
     let (seq, hash) = conn.begin_locking_head().await?;
     let seq = u64_out(seq, "audit head sequence number")?;

@@ -15,8 +15,10 @@
 //!
 //! - every acknowledgement follows a durable `COMMIT`;
 //! - the head lock is taken once per group, however many decisions the
-//!   group holds: for two round trips and the commit flush in a group of
-//!   records only, for the whole group when it runs statements;
+//!   group holds: for the whole group when it runs statements; in a group
+//!   of records only, for the commit flush alone when the group is sealed
+//!   on the head it predicts, else for two round trips and the flush (see
+//!   below);
 //! - a lost transaction (the connection dropped, a failed `COMMIT`)
 //!   answers every job of the group with the error: none is acknowledged.
 //!   (As for any commit, a connection lost *during* `COMMIT` leaves the
@@ -27,14 +29,26 @@
 //! back; its callers get an error and the writer carries on with a new
 //! connection. A broken connection is replaced before the next group.
 //!
+//! A group of records only is sealed after the head the store's writers
+//! predict ([`HeadHint`]: the head after the last group any of them sent)
+//! and sent as one pipelined round trip, `BEGIN`, an insert that happens
+//! only if it moves the head from the predicted one, `COMMIT`
+//! (`tx::append_predicted`). Consecutive groups of one store chain on one
+//! another without a round trip between them: the next waits on the head
+//! row for the previous one's commit and then finds its prediction right.
+//! A prediction another store made wrong (or a group before it that
+//! failed) inserts nothing, and the group is appended again under the head
+//! lock, sealed on the head it reads there. The prediction is only ever a
+//! hint: the conditional update is what keeps the chain one chain.
+//!
 //! Jobs are routed to a writer by a key (the record's owner, the run, the
 //! session...), so jobs that lock the same rows queue behind one another in
-//! one writer rather than wait on another writer's open group; jobs
-//! without a key (audit records only) go round-robin.
+//! one writer rather than wait on another writer's open group; records
+//! only (no key) all go to the first writer, so that its groups follow
+//! one another and each is sealed on the head the one before left.
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::Config;
@@ -42,7 +56,7 @@ use warden_core::audit::{AuditDraft, ChainHead};
 use warden_store::StoreError;
 
 use crate::pool::{self, Conn, Tx};
-use crate::tx::ChangeRec;
+use crate::tx::{ChangeRec, Predicted};
 
 /// What a job leaves: its value, its audit drafts, its change record.
 pub(crate) struct Done<R> {
@@ -68,8 +82,10 @@ pub(crate) type JobFuture<'a, R> =
 /// Which writer takes a job.
 #[derive(Clone, Copy)]
 pub(crate) enum Route<'k> {
-    /// Any writer (a job that locks no row).
-    Any,
+    /// The writer of records only: one, so that its groups, one after the
+    /// other, are each sealed on the head the one before left (see
+    /// [`HeadHint`]).
+    Audit,
     /// The writer of this key: jobs on the same rows share it.
     Key(&'k str),
 }
@@ -214,7 +230,24 @@ where
 /// answered every queued job.
 pub(crate) struct Writers {
     senders: Vec<mpsc::UnboundedSender<Box<dyn Job>>>,
-    next: AtomicUsize,
+}
+
+/// The head this store's writers expect the chain to have once the groups
+/// they have sent commit: where the next audit-only group is sealed (see
+/// [`crate::tx::append_predicted`]). Only a hint: a group sealed after a
+/// head that has moved writes nothing and is appended again under the head
+/// lock, and every group that reads the head under the lock sets it.
+#[derive(Default)]
+struct HeadHint(std::sync::Mutex<Option<ChainHead>>);
+
+impl HeadHint {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<ChainHead>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set(&self, head: Option<ChainHead>) {
+        *self.lock() = head;
+    }
 }
 
 /// What a writer needs to (re)connect and to record changes.
@@ -229,23 +262,21 @@ pub(crate) struct WriterConfig {
 impl Writers {
     /// Start `count` writers (at least one).
     pub(crate) fn spawn(count: usize, config: WriterConfig) -> Self {
+        let hint = Arc::new(HeadHint::default());
         let senders = (0..count.max(1))
             .map(|_| {
                 let (sender, receiver) = mpsc::unbounded_channel();
-                tokio::spawn(run(config.clone(), receiver));
+                tokio::spawn(run(config.clone(), Arc::clone(&hint), receiver));
                 sender
             })
             .collect();
-        Self {
-            senders,
-            next: AtomicUsize::new(0),
-        }
+        Self { senders }
     }
 
     fn sender(&self, route: Route<'_>) -> Option<&mpsc::UnboundedSender<Box<dyn Job>>> {
         let n = self.senders.len();
         let i = match route {
-            Route::Any => self.next.fetch_add(1, Ordering::Relaxed) % n,
+            Route::Audit => 0,
             Route::Key(key) => {
                 use std::hash::{Hash, Hasher};
                 let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -293,14 +324,18 @@ impl Writers {
     pub(crate) async fn append(&self, drafts: Vec<AuditDraft>) -> Result<ChainHead, StoreError> {
         let (reply, answer) = oneshot::channel();
         let (_, head) = self
-            .submit(Route::Any, Box::new(AuditOnly { drafts, reply }), answer)
+            .submit(Route::Audit, Box::new(AuditOnly { drafts, reply }), answer)
             .await?;
         Ok(head)
     }
 }
 
 /// One writer: takes what is queued, commits it as one group, repeats.
-async fn run(config: WriterConfig, mut receiver: mpsc::UnboundedReceiver<Box<dyn Job>>) {
+async fn run(
+    config: WriterConfig,
+    hint: Arc<HeadHint>,
+    mut receiver: mpsc::UnboundedReceiver<Box<dyn Job>>,
+) {
     let max_batch = config.max_batch.max(1);
     let config = Arc::new(config);
     let mut conn: Option<Conn> = None;
@@ -333,25 +368,34 @@ async fn run(config: WriterConfig, mut receiver: mpsc::UnboundedReceiver<Box<dyn
             }
         };
         let config = Arc::clone(&config);
+        let group_hint = Arc::clone(&hint);
         // A panic in a job ends this task, dropping the connection (the
         // database rolls the group back) and the group's replies.
-        if let Ok(c) =
-            tokio::spawn(async move { commit_group(c, group, &config.channel).await }).await
+        match tokio::spawn(
+            async move { commit_group(c, group, &config.channel, &group_hint).await },
+        )
+        .await
         {
-            conn = Some(c);
+            Ok(c) => conn = Some(c),
+            Err(_) => hint.set(None),
         }
     }
 }
 
 /// Run `jobs` in one transaction on `conn` and answer them.
-async fn commit_group(mut conn: Conn, jobs: Vec<Box<dyn Job>>, channel: &str) -> Conn {
-    run_group(&mut conn, jobs, channel).await;
+async fn commit_group(
+    mut conn: Conn,
+    jobs: Vec<Box<dyn Job>>,
+    channel: &str,
+    hint: &HeadHint,
+) -> Conn {
+    run_group(&mut conn, jobs, channel, hint).await;
     conn
 }
 
-async fn run_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>, channel: &str) {
+async fn run_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>, channel: &str, hint: &HeadHint) {
     if jobs.iter().all(|j| !j.statements()) {
-        return audit_group(conn, jobs).await;
+        return audit_group(conn, jobs, hint).await;
     }
     let mut tx = match conn.begin().await {
         Ok(tx) => tx,
@@ -379,17 +423,12 @@ async fn run_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>, channel: &str) {
     let mut drafts = Vec::new();
     let mut changes = Vec::new();
     let mut broken: Option<StoreError> = None;
-    let mut lost: Option<Arc<StoreError>> = None;
     let mut queue = jobs.into_iter();
     for job in queue.by_ref() {
         let savepoint = job.statements();
-        if savepoint && let Err(e) = tx.simple("SAVEPOINT job").await {
-            // The transaction is lost: this job and the rest are answered
-            // with its error (the queue below), keeping its kind.
-            let e = Arc::new(e);
-            job.fail(StoreError::fan_out(&e));
-            lost = Some(e);
-            break;
+        if savepoint {
+            // Sent with the job's first statement.
+            tx.savepoint("SAVEPOINT job");
         }
         let ran = job.run(&mut tx).await;
         match ran.effects {
@@ -398,7 +437,7 @@ async fn run_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>, channel: &str) {
                 changes.extend(c);
             }
             None if savepoint => {
-                if let Err(e) = tx.simple("ROLLBACK TO SAVEPOINT job").await {
+                if let Err(e) = tx.rollback_to("ROLLBACK TO SAVEPOINT job").await {
                     broken = Some(e);
                 }
             }
@@ -409,20 +448,22 @@ async fn run_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>, channel: &str) {
             break;
         }
     }
-    let outcome = match (lost, broken) {
-        (Some(e), _) => {
-            drop(tx);
-            Err(e)
-        }
-        (None, Some(e)) => {
+    // A savepoint that failed (a lost transaction) fails its job's first
+    // statement and then the rollback to it: the group is lost.
+    let outcome = match broken {
+        Some(e) => {
             drop(tx);
             Err(Arc::new(e))
         }
-        (None, None) => tx
+        None => tx
             .seal_and_commit(head, drafts, changes, channel)
             .await
             .map_err(Arc::new),
     };
+    hint.set(match &outcome {
+        Ok((base, heads)) => Some(heads.last().copied().unwrap_or(*base)),
+        Err(_) => None,
+    });
     for (answer, end) in answers {
         answer.send(match &outcome {
             Ok((base, heads)) => Ok(end
@@ -439,8 +480,9 @@ async fn run_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>, channel: &str) {
     }
 }
 
-/// A group of audit-only jobs: three messages, two round trips.
-async fn audit_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>) {
+/// A group of audit-only jobs: one round trip on the predicted head (see
+/// [`HeadHint`]), else two under the head lock.
+async fn audit_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>, hint: &HeadHint) {
     let mut answers = Vec::with_capacity(jobs.len());
     let mut drafts = Vec::new();
     for job in jobs {
@@ -454,7 +496,7 @@ async fn audit_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>) {
             Err(job) => job.fail(StoreError::backend("a write was queued as an audit record")),
         }
     }
-    let outcome = crate::tx::append_only(conn, drafts).await.map_err(Arc::new);
+    let outcome = append_audit(conn, &drafts, hint).await.map_err(Arc::new);
     for (answer, end) in answers {
         answer.send(match &outcome {
             Ok((base, heads)) => Ok(end
@@ -464,4 +506,43 @@ async fn audit_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>) {
             Err(e) => Err(e),
         });
     }
+}
+
+/// Append an audit-only group's `drafts`: sealed after the hinted head in
+/// one round trip when there is a hint (which moves past them at once, so
+/// the next group, on any writer, is sealed after them while they commit),
+/// under the head lock when there is none or it was wrong. Returns the head
+/// before and after each draft.
+async fn append_audit(
+    conn: &mut Conn,
+    drafts: &[AuditDraft],
+    hint: &HeadHint,
+) -> Result<(ChainHead, Vec<ChainHead>), StoreError> {
+    let predicted = {
+        let mut guard = hint.lock();
+        match *guard {
+            Some(head) => {
+                let after = crate::tx::Sealed::new(head, drafts)?.last(head);
+                *guard = Some(after);
+                Some(head)
+            }
+            None => None,
+        }
+    };
+    if let Some(head) = predicted {
+        match crate::tx::append_predicted(conn, head, drafts).await {
+            Ok(Predicted::Appended(heads)) => return Ok((head, heads)),
+            Ok(Predicted::Moved) => hint.set(None),
+            Err(e) => {
+                hint.set(None);
+                return Err(e);
+            }
+        }
+    }
+    let appended = crate::tx::append_only(conn, drafts).await;
+    hint.set(match &appended {
+        Ok((base, heads)) => Some(heads.last().copied().unwrap_or(*base)),
+        Err(_) => None,
+    });
+    appended
 }
