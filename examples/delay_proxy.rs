@@ -6,35 +6,39 @@
 //! cargo run --release -p warden-postgres --example delay_proxy -- LISTEN UPSTREAM DELAY_MS
 //! ```
 //!
-//! Each direction of each connection is a timed queue: a reader stamps
-//! every chunk it reads with `now + delay` and queues it; a writer sends
-//! each chunk once its time has come. Chunks are never held behind each
-//! other's delays (a pipeline of requests stays a pipeline), so a round
-//! trip costs `2 x delay` whatever is in flight. It prints `listening on
+//! `DELAY_MS` may be fractional (`0.5`). Each direction of each connection
+//! is a timed queue: a reader stamps every chunk it reads with `now +
+//! delay` and queues it; a writer sends each chunk once its time has come.
+//! Chunks are never held behind each other's delays (a pipeline of
+//! requests stays a pipeline), so a round trip costs `2 x delay` whatever
+//! is in flight. Readers and writers are threads sleeping with the
+//! operating system's timer (tens of microseconds late), not an async
+//! runtime's millisecond wheel, which rounds every delay up to the next
+//! millisecond and made a "1 ms" hop cost up to 2. It prints `listening on
 //! ADDR` once bound.
 
-use std::time::Duration;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio::time::Instant;
-
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let [_, listen, upstream, delay_ms] = args.as_slice() else {
         return Err("usage: delay_proxy LISTEN UPSTREAM DELAY_MS".into());
     };
-    let delay = Duration::from_millis(delay_ms.parse()?);
-    let listener = TcpListener::bind(listen).await?;
+    let delay_ms: f64 = delay_ms.parse()?;
+    if !(0.0..=60_000.0).contains(&delay_ms) {
+        return Err("DELAY_MS must be between 0 and 60000".into());
+    }
+    let delay = Duration::from_secs_f64(delay_ms / 1_000.0);
+    let listener = TcpListener::bind(listen)?;
     println!("listening on {}", listener.local_addr()?);
-    loop {
-        let (client, _) = listener.accept().await?;
+    for client in listener.incoming() {
+        let Ok(client) = client else { continue };
         let upstream = upstream.clone();
-        tokio::spawn(async move {
-            let server = match TcpStream::connect(&upstream).await {
+        std::thread::spawn(move || {
+            let server = match TcpStream::connect(&upstream) {
                 Ok(s) => s,
                 Err(e) => {
                     eprintln!("delay_proxy: cannot connect to {upstream}: {e}");
@@ -43,32 +47,40 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             };
             let _ = client.set_nodelay(true);
             let _ = server.set_nodelay(true);
-            let (cr, cw) = client.into_split();
-            let (sr, sw) = server.into_split();
-            tokio::spawn(direction(cr, sw, delay));
-            tokio::spawn(direction(sr, cw, delay));
+            let pairs = [
+                (client.try_clone(), server.try_clone()),
+                (server.try_clone(), client.try_clone()),
+            ];
+            for (from, to) in pairs {
+                if let (Ok(from), Ok(to)) = (from, to) {
+                    std::thread::spawn(move || direction(from, to, delay));
+                }
+            }
         });
     }
+    Ok(())
 }
 
 /// Copy `from` to `to`, each chunk `delay` after it was read.
-async fn direction(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, delay: Duration) {
-    let (queue, mut due) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
-    let writer = tokio::spawn(async move {
-        while let Some((at, chunk)) = due.recv().await {
-            tokio::time::sleep_until(at).await;
-            if to.write_all(&chunk).await.is_err() {
-                return;
+fn direction(mut from: TcpStream, mut to: TcpStream, delay: Duration) {
+    let (queue, due) = mpsc::channel::<(Instant, Vec<u8>)>();
+    let writer = std::thread::spawn(move || {
+        while let Ok((at, chunk)) = due.recv() {
+            let now = Instant::now();
+            if at > now {
+                std::thread::sleep(at - now);
+            }
+            if to.write_all(&chunk).is_err() {
+                break;
             }
         }
-        let _ = to.shutdown().await;
+        let _ = to.shutdown(Shutdown::Write);
     });
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        match from.read(&mut buf).await {
+        match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => {
-                // `read` never reports more than the buffer holds.
                 let chunk = buf.get(..n).unwrap_or(&buf).to_vec();
                 if queue.send((Instant::now() + delay, chunk)).is_err() {
                     break;
@@ -77,5 +89,5 @@ async fn direction(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, delay: Durat
         }
     }
     drop(queue);
-    let _ = writer.await;
+    let _ = writer.join();
 }
