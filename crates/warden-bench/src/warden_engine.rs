@@ -8,8 +8,10 @@
 //!   hierarchy's ancestor question, answered without walking the lineage).
 //! - S2: the cached effective capabilities ([`Hierarchy::has_capability`]),
 //!   computed once at registration.
-//! - S3: [`resolve_bounded`] over a [`MemoryIndex`] view along the lineage
-//!   (which record wins and its owner and revision are part of the answer).
+//! - S3: [`resolve_in`] over a [`MemoryIndex`] view: the key's few records,
+//!   each placed on the reader's lineage by a constant-time ancestor test,
+//!   instead of a walk along the lineage (which record wins and its owner
+//!   and revision are part of the answer).
 //! - S4: [`preflight`] of a parsed 50-step SOP: every step checked against
 //!   the catalogue, the effective capabilities and the argument rules, one
 //!   full `Decision` per step.
@@ -25,7 +27,7 @@ use warden_core::bundle::{Policy, compile};
 use warden_core::hierarchy::{AgentSpec, Hierarchy};
 use warden_core::ids::{ActionName, AgentId, Key, Namespace};
 use warden_core::memory::{
-    MemoryIndex, MemoryRecord, RecordClass, Resolution, Visibility, resolve_bounded,
+    MemoryIndex, MemoryRecord, RecordClass, Resolution, Visibility, resolve_in,
 };
 use warden_core::preflight::{PreflightContext, preflight};
 use warden_core::sop::{Sop, parse_sop};
@@ -198,8 +200,7 @@ impl<'p> WardenSubject<'p> {
             return (0, None);
         };
         let view = self.state.index.view(NS, key);
-        let lineage = h.lineage(idx).map(|(_, n)| n.id());
-        match resolve_bounded(reader, lineage, |o| view.get(o.as_str()), NOW, view.len()) {
+        match resolve_in(h, idx, view, NOW) {
             Resolution::Found { record, .. } => {
                 (1, Some((record.owner.to_string(), record.revision)))
             }
@@ -242,8 +243,7 @@ impl<'p> WardenSubject<'p> {
                     return 0;
                 };
                 let view = self.state.index.view(NS, key);
-                let lineage = h.lineage(idx).map(|(_, n)| n.id());
-                match resolve_bounded(agent, lineage, |o| view.get(o.as_str()), NOW, view.len()) {
+                match resolve_in(h, idx, view, NOW) {
                     Resolution::Found { record, .. } => {
                         std::hint::black_box(record);
                         1

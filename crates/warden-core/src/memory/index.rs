@@ -8,9 +8,10 @@ use crate::ids::{AgentId, Key, Namespace};
 ///
 /// Lookups borrow `&str`, so resolving allocates nothing. The owners of one
 /// key are kept in a short vector while there are few of them and in a hash
-/// map once there are many, so a resolve costs one lookup of the namespace
-/// and key plus one cheap owner lookup per lineage level, whatever the total
-/// number of records.
+/// map once there are many. A resolve ([`resolve_in`](super::resolve_in))
+/// costs one lookup of the namespace and key, then, whatever the total
+/// number of records, either one hierarchy lookup per record at the key
+/// (while there are few) or one cheap owner lookup per lineage level.
 #[derive(Debug, Clone, Default)]
 pub struct MemoryIndex {
     by_key: HashMap<Namespace, HashMap<Key, Slot>>,
@@ -25,7 +26,7 @@ enum Slot {
 }
 
 /// How many owners of one key are scanned linearly before switching to a map.
-const SLOT_SCAN_LIMIT: usize = 16;
+pub(super) const SLOT_SCAN_LIMIT: usize = 16;
 
 impl Slot {
     #[inline]
@@ -54,6 +55,8 @@ impl MemoryIndex {
     }
 
     /// A lookup for one `namespace.key`: `owner → record`. Resolve with
+    /// [`resolve_in(hierarchy, reader, view, now)`](super::resolve_in), or
+    /// along any lineage with
     /// `resolve_bounded(reader, lineage, |o| view.get(o.as_str()), now, view.len())`.
     #[inline]
     pub fn view(&self, namespace: &str, key: &str) -> KeyView<'_> {
@@ -114,14 +117,10 @@ impl MemoryIndex {
 
     /// Every record, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = &MemoryRecord> {
-        self.by_key.values().flat_map(|m| m.values()).flat_map(
-            |slot| -> Box<dyn Iterator<Item = &MemoryRecord> + '_> {
-                match slot {
-                    Slot::Few(v) => Box::new(v.iter()),
-                    Slot::Many(m) => Box::new(m.values()),
-                }
-            },
-        )
+        self.by_key
+            .values()
+            .flat_map(|m| m.values())
+            .flat_map(|slot| KeyView(Some(slot)).iter())
     }
 }
 
@@ -152,4 +151,55 @@ impl<'a> KeyView<'a> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Every record the key holds, in no particular order (no allocation).
+    #[inline]
+    pub fn iter(&self) -> KeyRecords<'a> {
+        KeyRecords(match self.0 {
+            None => Records::Few([].iter()),
+            Some(Slot::Few(v)) => Records::Few(v.iter()),
+            Some(Slot::Many(m)) => Records::Many(m.values()),
+        })
+    }
 }
+
+impl<'a> IntoIterator for KeyView<'a> {
+    type Item = &'a MemoryRecord;
+    type IntoIter = KeyRecords<'a>;
+
+    fn into_iter(self) -> KeyRecords<'a> {
+        self.iter()
+    }
+}
+
+/// The records of one key ([`KeyView::iter`]), in no particular order.
+#[derive(Debug, Clone)]
+pub struct KeyRecords<'a>(Records<'a>);
+
+#[derive(Debug, Clone)]
+enum Records<'a> {
+    Few(std::slice::Iter<'a, MemoryRecord>),
+    Many(std::collections::hash_map::Values<'a, AgentId, MemoryRecord>),
+}
+
+impl<'a> Iterator for KeyRecords<'a> {
+    type Item = &'a MemoryRecord;
+
+    #[inline]
+    fn next(&mut self) -> Option<&'a MemoryRecord> {
+        match &mut self.0 {
+            Records::Few(it) => it.next(),
+            Records::Many(it) => it.next(),
+        }
+    }
+
+    #[inline]
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        match &self.0 {
+            Records::Few(it) => it.size_hint(),
+            Records::Many(it) => it.size_hint(),
+        }
+    }
+}
+
+impl ExactSizeIterator for KeyRecords<'_> {}

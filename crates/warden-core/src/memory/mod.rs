@@ -4,7 +4,9 @@
 //! document's central rule):
 //!
 //! - a **read** walks from the reader toward the root and resolves the key
-//!   along that lineage ([`resolve`]);
+//!   along that lineage ([`resolve`]; [`resolve_in`] reaches the same answer
+//!   from a [`MemoryIndex`] view without the walk when the key holds few
+//!   records);
 //! - a **write** names an exact owner scope and is permitted only to that
 //!   owner ([`check_write`]), optionally as a compare-and-set on the revision
 //!   ([`apply_put`], which a store runs inside its transaction).
@@ -34,8 +36,10 @@ use serde_json::Value;
 use crate::ids::{AgentId, Key, Namespace};
 use crate::time::Timestamp;
 
-pub use index::{KeyView, MemoryIndex};
-pub use resolve::{POLICY_TYPE_MISMATCH, Resolution, resolve, resolve_bounded};
+pub use index::{KeyRecords, KeyView, MemoryIndex};
+pub use resolve::{
+    FEW_RECORDS, POLICY_TYPE_MISMATCH, Resolution, resolve, resolve_bounded, resolve_in,
+};
 pub use write::{INVALID_RECORD, Put, PutRejection, apply_put, check_result, check_write};
 
 /// Who besides the owner may read a record.

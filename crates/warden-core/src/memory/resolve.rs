@@ -2,8 +2,10 @@
 
 use serde_json::Value;
 
-use super::{Combinator, Contributor, MemoryRecord, RecordClass, Visibility};
+use super::index::SLOT_SCAN_LIMIT;
+use super::{Combinator, Contributor, KeyView, MemoryRecord, RecordClass, Visibility};
 use crate::decision::{Reason, reasons};
+use crate::hierarchy::{AgentIdx, Hierarchy};
 use crate::ids::AgentId;
 use crate::time::Timestamp;
 
@@ -72,7 +74,7 @@ where
 }
 
 /// [`resolve`], for a caller that knows how many records exist at the key
-/// (`records_at_key`, e.g. [`KeyView::len`](super::KeyView::len)): once the walk has met that
+/// (`records_at_key`, e.g. [`KeyView::len`]): once the walk has met that
 /// many, no level above can hold another, so it stops there. Same answer as
 /// [`resolve`]; the walk goes only as far as the farthest record on the
 /// lineage instead of always to the root (a policy record could otherwise
@@ -89,11 +91,7 @@ where
     L::IntoIter: Clone,
 {
     let lineage = lineage.into_iter();
-    // One pass finds the nearest live record and whether any visible
-    // `policy` record exists; the (rare) policy case takes a second pass.
-    let mut nearest: Option<(usize, &'r MemoryRecord)> = None;
-    let mut has_policy = false;
-    let mut expired_own = false;
+    let mut scan = Scan::default();
     let mut seen = 0usize;
     let mut walked = 0usize;
     for (position, owner) in lineage.clone().enumerate() {
@@ -103,50 +101,145 @@ where
         walked = position + 1;
         if let Some(record) = lookup(owner) {
             seen += 1;
-            if record.expired(now) {
-                expired_own |= position == 0;
-                continue;
-            }
-            if nearest.is_none() {
-                nearest = Some((position, record));
-            }
-            if matches!(record.class, RecordClass::Policy { .. })
-                && visible(record, reader, position)
-            {
-                has_policy = true;
-            }
+            scan.add(reader, now, position, record);
         }
     }
-
-    if has_policy {
-        let levels: Vec<(usize, &'r MemoryRecord)> = lineage
+    let lookup = &mut lookup;
+    scan.decide(reader, now, move || {
+        lineage
             .take(walked)
             .enumerate()
-            .filter_map(|(pos, owner)| lookup(owner).map(|r| (pos, r)))
-            .filter(|(pos, r)| {
-                !r.expired(now)
-                    && matches!(r.class, RecordClass::Policy { .. })
-                    && visible(r, reader, *pos)
-            })
-            .collect();
-        return combine(levels);
+            .filter_map(move |(pos, owner)| lookup(owner).map(|r| (pos, r)))
+    })
+}
+
+/// Resolve the key of `view` for the agent at `reader` in `hierarchy`: the
+/// same answer as [`resolve_bounded`] along
+/// [`hierarchy.lineage(reader)`](Hierarchy::lineage), without walking it
+/// when the key holds few records.
+///
+/// While the key holds at most [`FEW_RECORDS`] records, or no more than the
+/// reader's lineage has levels, it visits the key's records instead of the
+/// lineage: per record one lookup of its owner
+/// ([`Hierarchy::index_of`]) and a constant-time ancestor test
+/// ([`Hierarchy::is_ancestor`]); a record whose owner is the reader or one
+/// of its ancestors sits at position `reader depth - owner depth`. The cost
+/// is then linear in the number of records at the key and independent of
+/// the depth. A key holding more records than both is resolved by the
+/// lineage walk of [`resolve_bounded`] (one owner lookup per level). Either
+/// way the only allocations are the answer's own (a `visible_from:<owner>`
+/// style reason; the contributors of a combined `policy` value). A `reader`
+/// the hierarchy does not hold resolves to [`Resolution::NotFound`] (its
+/// lineage is empty).
+pub fn resolve_in<'r>(
+    hierarchy: &Hierarchy,
+    reader: AgentIdx,
+    view: KeyView<'r>,
+    now: Timestamp,
+) -> Resolution<'r> {
+    let Some(node) = hierarchy.node(reader) else {
+        return Resolution::NotFound;
+    };
+    let reader_id = node.id();
+    let depth = node.depth() as usize;
+    let records = view.len();
+    if records > FEW_RECORDS && records > depth + 1 {
+        let lineage = hierarchy.lineage(reader).map(|(_, n)| n.id());
+        return resolve_bounded(reader_id, lineage, |o| view.get(o.as_str()), now, records);
+    }
+    // A record's position on the reader's lineage, if its owner is on it.
+    let on_lineage = |record: &'r MemoryRecord| -> Option<(usize, &'r MemoryRecord)> {
+        let owner = hierarchy.index_of(record.owner.as_str())?;
+        if owner == reader {
+            return Some((0, record));
+        }
+        if !hierarchy.is_ancestor(owner, reader) {
+            return None;
+        }
+        let owner_depth = hierarchy.node(owner)?.depth() as usize;
+        Some((depth.checked_sub(owner_depth)?, record))
+    };
+    let mut scan = Scan::default();
+    for (position, record) in view.iter().filter_map(on_lineage) {
+        scan.add(reader_id, now, position, record);
+    }
+    scan.decide(reader_id, now, || view.iter().filter_map(on_lineage))
+}
+
+/// How many records a key may hold for [`resolve_in`] to visit them rather
+/// than walk the reader's lineage, whatever the reader's depth (the
+/// [`MemoryIndex`](super::MemoryIndex)'s short-vector size).
+pub const FEW_RECORDS: usize = SLOT_SCAN_LIMIT;
+
+/// Whether a record counts in a `policy` combination for `reader`, seen at
+/// `position` on its lineage: live, of class `policy` and visible.
+fn contributes(record: &MemoryRecord, reader: &AgentId, position: usize, now: Timestamp) -> bool {
+    !record.expired(now)
+        && matches!(record.class, RecordClass::Policy { .. })
+        && visible(record, reader, position)
+}
+
+/// What one pass over the records on a reader's lineage found, each record
+/// given with its position (0 for the reader's own), in any order. The one
+/// place a read is decided, whichever way the records were found.
+#[derive(Default)]
+struct Scan<'r> {
+    /// The live record at the smallest position.
+    nearest: Option<(usize, &'r MemoryRecord)>,
+    /// Whether a live, visible `policy` record was seen.
+    has_policy: bool,
+    /// Whether the reader's own record is expired.
+    expired_own: bool,
+}
+
+impl<'r> Scan<'r> {
+    #[inline]
+    fn add(&mut self, reader: &AgentId, now: Timestamp, position: usize, record: &'r MemoryRecord) {
+        if record.expired(now) {
+            self.expired_own |= position == 0;
+            return;
+        }
+        if self.nearest.is_none_or(|(p, _)| position < p) {
+            self.nearest = Some((position, record));
+        }
+        self.has_policy |= contributes(record, reader, position, now);
     }
 
-    match nearest {
-        Some((pos, record)) if visible(record, reader, pos) => {
-            let reason = match record.class {
-                RecordClass::Secret { .. } if pos > 0 => reasons::SECRET_GRANTED,
-                _ => Reason::with_param(reasons::VISIBLE_FROM, record.owner.as_str()),
-            };
-            Resolution::Found { record, reason }
+    /// The answer. `levels` yields the same (position, record) pairs again,
+    /// in any order; it is called only in the (rare) policy case, which
+    /// combines every contributing record nearest first.
+    fn decide<I>(
+        self,
+        reader: &AgentId,
+        now: Timestamp,
+        levels: impl FnOnce() -> I,
+    ) -> Resolution<'r>
+    where
+        I: Iterator<Item = (usize, &'r MemoryRecord)>,
+    {
+        if self.has_policy {
+            let mut levels: Vec<(usize, &'r MemoryRecord)> = levels()
+                .filter(|(pos, r)| contributes(r, reader, *pos, now))
+                .collect();
+            levels.sort_by_key(|(pos, _)| *pos);
+            return combine(levels);
         }
-        Some((_, record)) => Resolution::Denied {
-            reason: Reason::with_param(reasons::NOT_VISIBLE_FROM, record.owner.as_str()),
-        },
-        None if expired_own => Resolution::Denied {
-            reason: reasons::RECORD_EXPIRED,
-        },
-        None => Resolution::NotFound,
+        match self.nearest {
+            Some((pos, record)) if visible(record, reader, pos) => {
+                let reason = match record.class {
+                    RecordClass::Secret { .. } if pos > 0 => reasons::SECRET_GRANTED,
+                    _ => Reason::with_param(reasons::VISIBLE_FROM, record.owner.as_str()),
+                };
+                Resolution::Found { record, reason }
+            }
+            Some((_, record)) => Resolution::Denied {
+                reason: Reason::with_param(reasons::NOT_VISIBLE_FROM, record.owner.as_str()),
+            },
+            None if self.expired_own => Resolution::Denied {
+                reason: reasons::RECORD_EXPIRED,
+            },
+            None => Resolution::NotFound,
+        }
     }
 }
 

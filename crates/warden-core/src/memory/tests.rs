@@ -1,5 +1,7 @@
 use super::*;
+use crate::capability::CapSet;
 use crate::decision::reasons;
+use crate::hierarchy::{AgentSpec, Hierarchy, HierarchyLimits};
 use serde_json::json;
 
 fn id(s: &str) -> AgentId {
@@ -303,6 +305,346 @@ proptest::proptest! {
         let bounded = resolve_bounded(reader, walk.iter(), lookup, Timestamp(100), records.len());
         proptest::prop_assert_eq!(full, bounded);
     }
+}
+
+fn hierarchy(agents: &[(&str, Option<&str>)]) -> Hierarchy {
+    let mut h = Hierarchy::new(
+        CapSet::new(),
+        CapSet::new(),
+        HierarchyLimits { max_depth: 128 },
+    );
+    for (agent, parent) in agents {
+        let spec = AgentSpec {
+            id: id(agent),
+            parent: parent.map(id),
+            capabilities: Default::default(),
+        };
+        h.register(&spec, &|_| None).unwrap();
+    }
+    h
+}
+
+/// `resolve_in` for `reader`, checked against `resolve_bounded` along its
+/// lineage.
+fn run_in<'r>(h: &Hierarchy, reader: &str, index: &'r MemoryIndex) -> Resolution<'r> {
+    let idx = h.index_of(reader).unwrap();
+    let view = index.view("ns", "k");
+    let got = resolve_in(h, idx, view, Timestamp(100));
+    let walked = resolve_bounded(
+        &id(reader),
+        h.lineage(idx).map(|(_, n)| n.id()),
+        |o| view.get(o.as_str()),
+        Timestamp(100),
+        view.len(),
+    );
+    assert_eq!(got, walked, "reader {reader}");
+    got
+}
+
+fn index(records: impl IntoIterator<Item = MemoryRecord>) -> MemoryIndex {
+    let mut idx = MemoryIndex::new();
+    for r in records {
+        idx.insert(r);
+    }
+    idx
+}
+
+/// `root → a0 → … → a39`, plus `side` under `root`.
+fn deep() -> Hierarchy {
+    let names: Vec<String> = (0..40).map(|i| format!("a{i}")).collect();
+    let mut agents: Vec<(&str, Option<&str>)> = vec![("root", None), ("side", Some("root"))];
+    for (i, n) in names.iter().enumerate() {
+        let parent = if i == 0 {
+            "root"
+        } else {
+            names[i - 1].as_str()
+        };
+        agents.push((n.as_str(), Some(parent)));
+    }
+    hierarchy(&agents)
+}
+
+#[test]
+fn resolve_in_ignores_records_off_the_lineage() {
+    let h = deep();
+    let idx = index([
+        rec(
+            "side",
+            json!(1),
+            Visibility::Descendants,
+            RecordClass::Preference,
+        ),
+        rec(
+            "ghost",
+            json!(2),
+            Visibility::Descendants,
+            RecordClass::Policy {
+                combine: Combinator::Max,
+            },
+        ),
+        rec(
+            "a39",
+            json!(3),
+            Visibility::Descendants,
+            RecordClass::Preference,
+        ),
+    ]);
+    assert_eq!(run_in(&h, "a20", &idx), Resolution::NotFound);
+    assert_eq!(run_in(&h, "root", &idx), Resolution::NotFound);
+    match run_in(&h, "side", &idx) {
+        Resolution::Found { record, .. } => assert_eq!(record.owner.as_str(), "side"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn resolve_in_denies_the_readers_expired_record_unless_a_live_one_is_above() {
+    let h = deep();
+    let expired = rec(
+        "a30",
+        json!(1),
+        Visibility::Private,
+        RecordClass::Task {
+            expires_at: Some(Timestamp(50)),
+        },
+    );
+    let idx = index([expired.clone()]);
+    match run_in(&h, "a30", &idx) {
+        Resolution::Denied { reason } => assert_eq!(reason.as_str(), "record_expired"),
+        other => panic!("{other:?}"),
+    }
+    // Someone else's expired record is simply absent.
+    assert_eq!(run_in(&h, "a31", &idx), Resolution::NotFound);
+    let idx = index([
+        expired,
+        rec(
+            "root",
+            json!(2),
+            Visibility::Descendants,
+            RecordClass::Preference,
+        ),
+    ]);
+    match run_in(&h, "a30", &idx) {
+        Resolution::Found { record, reason } => {
+            assert_eq!(record.owner.as_str(), "root");
+            assert_eq!(reason.as_str(), "visible_from:root");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn resolve_in_combines_policy_across_levels_nearest_first() {
+    let h = deep();
+    let p = |owner: &str, v: Value, vis| {
+        rec(
+            owner,
+            v,
+            vis,
+            RecordClass::Policy {
+                combine: Combinator::Intersection,
+            },
+        )
+    };
+    // Inserted root first, so the key's own order is not lineage order.
+    let idx = index([
+        p("root", json!(["w", "x", "y", "z"]), Visibility::Descendants),
+        p("a35", json!(["x", "z"]), Visibility::Children),
+        p("side", json!([]), Visibility::Descendants),
+        rec(
+            "a36",
+            json!(["w"]),
+            Visibility::Private,
+            RecordClass::Preference,
+        ),
+        p("a3", json!(["z", "x", "w"]), Visibility::Descendants),
+    ]);
+    match run_in(&h, "a36", &idx) {
+        Resolution::Combined {
+            value,
+            combinator,
+            contributors,
+            reason,
+        } => {
+            assert_eq!(value, json!(["x", "z"]));
+            assert_eq!(combinator, Combinator::Intersection);
+            let owners: Vec<&str> = contributors
+                .iter()
+                .map(|c| c.owner_agent_id.as_str())
+                .collect();
+            assert_eq!(owners, ["a35", "a3", "root"]);
+            assert_eq!(reason.as_str(), "combined_from:a35+a3+root");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Two levels below `a35`, its `children` record no longer contributes.
+    match run_in(&h, "a37", &idx) {
+        Resolution::Combined { reason, .. } => {
+            assert_eq!(reason.as_str(), "combined_from:a3+root");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn resolve_in_grants_secrets() {
+    let h = deep();
+    let idx = index([rec(
+        "a2",
+        json!("token"),
+        Visibility::Descendants,
+        RecordClass::Secret {
+            grants: vec![id("a39"), id("side")],
+        },
+    )]);
+    match run_in(&h, "a39", &idx) {
+        Resolution::Found { record, reason } => {
+            assert_eq!(record.owner.as_str(), "a2");
+            assert_eq!(reason.as_str(), "secret_granted");
+        }
+        other => panic!("{other:?}"),
+    }
+    match run_in(&h, "a38", &idx) {
+        Resolution::Denied { reason } => assert_eq!(reason.as_str(), "not_visible_from:a2"),
+        other => panic!("{other:?}"),
+    }
+    // A grant does not reach an agent off the owner's lineage.
+    assert_eq!(run_in(&h, "side", &idx), Resolution::NotFound);
+    match run_in(&h, "a2", &idx) {
+        Resolution::Found { reason, .. } => assert_eq!(reason.as_str(), "visible_from:a2"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// One random record: (owner, visibility, class, flag, grant, value).
+type RandomRecord = (usize, u8, u8, bool, usize, u8);
+
+fn random_record((owner, vis, class, flag, grant, v): RandomRecord) -> MemoryRecord {
+    let vis = [
+        Visibility::Private,
+        Visibility::Children,
+        Visibility::Descendants,
+    ][usize::from(vis % 3)];
+    let policy = |combine: Combinator| {
+        // Mostly the combinator's type; now and then a mismatch.
+        let value = match (combine, v % 8) {
+            (_, 0) => json!("mismatch"),
+            (Combinator::All | Combinator::Any, _) => json!(v % 2 == 0),
+            (Combinator::Min | Combinator::Max, _) if v % 3 == 0 => json!(f64::from(v) / 4.0),
+            (Combinator::Min | Combinator::Max, _) => json!(v),
+            (Combinator::Intersection, _) => {
+                json!((0..4u8).filter(|b| v & (1 << b) != 0).collect::<Vec<_>>())
+            }
+        };
+        (RecordClass::Policy { combine }, value)
+    };
+    let (class, value) = match class % 10 {
+        0 | 1 => (RecordClass::Preference, json!(v)),
+        2 => policy(Combinator::All),
+        3 => policy(Combinator::Any),
+        4 => policy(if flag {
+            Combinator::Min
+        } else {
+            Combinator::Max
+        }),
+        5 => policy(Combinator::Intersection),
+        6 | 7 => (
+            RecordClass::Secret {
+                grants: if flag {
+                    vec![id(&format!("a{grant}"))]
+                } else {
+                    vec![id(&format!("a{grant}")), id(&format!("a{}", grant / 2))]
+                },
+            },
+            json!("s"),
+        ),
+        _ => (
+            RecordClass::Task {
+                expires_at: match v % 3 {
+                    0 => None,
+                    1 => Some(Timestamp(50)),
+                    _ => Some(Timestamp(500)),
+                },
+            },
+            json!(v),
+        ),
+    };
+    let mut r = rec(&format!("a{owner}"), value, vis, class);
+    r.revision = u64::from(v);
+    r
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1024))]
+
+    /// Visiting the key's records gives exactly the lineage walk's answer,
+    /// for every reader of a random forest (deep chains and wide fans) and
+    /// random records on and off each reader's lineage.
+    #[test]
+    fn resolve_in_agrees_with_the_lineage_walk(
+        // Agent `i + 1`: a root (0), under agent `i` (1..=28: long chains,
+        // depths up to about 90) or under a random earlier agent (fans).
+        shape in proptest::collection::vec((0u8..32, proptest::num::usize::ANY), 0..100),
+        // Owners past the last agent are not in the hierarchy; over 16
+        // distinct owners the key's records move to a map.
+        recs in proptest::collection::vec(
+            (0usize..100, 0u8..3, 0u8..10, proptest::bool::ANY, 0usize..100, proptest::num::u8::ANY),
+            0..28,
+        ),
+    ) {
+        let names: Vec<String> = (0..=shape.len()).map(|i| format!("a{i}")).collect();
+        let mut agents: Vec<(&str, Option<&str>)> = vec![(names[0].as_str(), None)];
+        for (i, (kind, raw)) in shape.iter().enumerate() {
+            let parent = match kind {
+                0 => None,
+                1..=28 => Some(names[i].as_str()),
+                _ => Some(names[raw % (i + 1)].as_str()),
+            };
+            agents.push((names[i + 1].as_str(), parent));
+        }
+        let h = hierarchy(&agents);
+        let idx = index(recs.into_iter().map(random_record));
+        let view = idx.view("ns", "k");
+        let now = Timestamp(100);
+        for (reader, node) in h.iter() {
+            let lineage = h.lineage(reader).map(|(_, n)| n.id());
+            let lookup = |o: &AgentId| view.get(o.as_str());
+            let walked = resolve_bounded(node.id(), lineage.clone(), lookup, now, view.len());
+            let full = resolve(node.id(), lineage, lookup, now);
+            proptest::prop_assert_eq!(&walked, &full);
+            let got = resolve_in(&h, reader, view, now);
+            proptest::prop_assert_eq!(got, walked, "reader {} at depth {}", node.id(), node.depth());
+        }
+    }
+}
+
+#[test]
+fn key_view_iterates_its_records() {
+    let few = index((0..3).map(|i| {
+        rec(
+            &format!("o{i}"),
+            json!(i),
+            Visibility::Private,
+            RecordClass::Preference,
+        )
+    }));
+    let many = index((0..40).map(|i| {
+        rec(
+            &format!("o{i}"),
+            json!(i),
+            Visibility::Private,
+            RecordClass::Preference,
+        )
+    }));
+    for (idx, n) in [(&few, 3), (&many, 40)] {
+        let view = idx.view("ns", "k");
+        assert_eq!(view.iter().len(), n);
+        let mut owners: Vec<&str> = view.into_iter().map(|r| r.owner.as_str()).collect();
+        owners.sort_unstable();
+        owners.dedup();
+        assert_eq!(owners.len(), n);
+    }
+    assert_eq!(few.view("ns", "other").iter().count(), 0);
 }
 
 #[test]
