@@ -88,7 +88,7 @@
 //!   the predicted one, so it holds the lock for its insert and the commit
 //!   flush; a wrong prediction (another store moved the head) writes
 //!   nothing and the group is appended again under the lock (two round
-//!   trips and the flush). A group that runs statements holds the lock for
+//!   trips and the flush), and predictions pause for a while. A group that runs statements holds the lock for
 //!   its whole transaction. Throughput
 //!   is about `groups in flight x group size / (lock hold)`; see
 //!   `BENCHMARKS.md` for measurements and `ARCHITECTURE.md` ("Past one

@@ -215,7 +215,7 @@ pub(crate) enum Predicted {
     Moved,
 }
 
-/// The audit-only group on a predicted head, in one round trip: `BEGIN`,
+/// The audit-only group, `sealed` after the predicted `head`, in one round trip: `BEGIN`,
 /// [`sql::APPEND_AFTER`] (the head update and the insert, both only if the
 /// head is still `head`) and `COMMIT`, pipelined. A group sealed after the
 /// head that an earlier group of this process is committing waits for that
@@ -224,9 +224,8 @@ pub(crate) enum Predicted {
 pub(crate) async fn append_predicted(
     conn: &mut crate::pool::Conn,
     head: ChainHead,
-    drafts: &[AuditDraft],
+    sealed: Sealed,
 ) -> Result<Predicted, StoreError> {
-    let sealed = Sealed::new(head, drafts)?;
     let expected_seq = u64_in(head.seq, "audit sequence number")?;
     let expected_hash: &[u8] = &head.hash.0;
     let inserted = conn
@@ -235,12 +234,12 @@ pub(crate) async fn append_predicted(
             &sealed.params_after(&expected_seq, &expected_hash),
         )
         .await?;
+    let sent = sealed.heads.len();
     match usize::try_from(inserted) {
-        Ok(n) if n == drafts.len() => Ok(Predicted::Appended(sealed.heads)),
+        Ok(n) if n == sent => Ok(Predicted::Appended(sealed.heads)),
         Ok(0) => Ok(Predicted::Moved),
         _ => Err(StoreError::corrupt(format!(
-            "a predicted append of {} entries inserted {inserted}",
-            drafts.len()
+            "a predicted append of {sent} entries inserted {inserted}"
         ))),
     }
 }

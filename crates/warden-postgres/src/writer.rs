@@ -237,16 +237,67 @@ pub(crate) struct Writers {
 /// [`crate::tx::append_predicted`]). Only a hint: a group sealed after a
 /// head that has moved writes nothing and is appended again under the head
 /// lock, and every group that reads the head under the lock sets it.
+///
+/// When other servers append too, predictions miss, and each miss costs a
+/// round trip that wrote nothing. After a miss the writers stop predicting
+/// for a while (1, 3, 7... up to 63 groups after consecutive misses, reset
+/// by a prediction that holds), so a busy deployment costs the locked
+/// append's two round trips, not three, and a lone server predicts on.
 #[derive(Default)]
-struct HeadHint(std::sync::Mutex<Option<ChainHead>>);
+struct HeadHint(std::sync::Mutex<HintState>);
+
+#[derive(Default)]
+struct HintState {
+    head: Option<ChainHead>,
+    /// Groups to append under the lock before predicting again.
+    skip: u32,
+    /// The length of the last pause (doubling with each miss).
+    backoff: u32,
+}
+
+/// The longest pause after consecutive misses, in groups.
+const MAX_BACKOFF: u32 = 63;
 
 impl HeadHint {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<ChainHead>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HintState> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn set(&self, head: Option<ChainHead>) {
-        *self.lock() = head;
+        self.lock().head = head;
+    }
+
+    /// Seal `drafts` for the next group: after the predicted head (which
+    /// moves past them at once), or `None` when there is no prediction or
+    /// predictions are paused.
+    fn predict(
+        &self,
+        drafts: &[AuditDraft],
+    ) -> Result<Option<(ChainHead, crate::tx::Sealed)>, StoreError> {
+        let mut state = self.lock();
+        if state.skip > 0 {
+            state.skip -= 1;
+            return Ok(None);
+        }
+        let Some(head) = state.head else {
+            return Ok(None);
+        };
+        let sealed = crate::tx::Sealed::new(head, drafts)?;
+        state.head = Some(sealed.last(head));
+        Ok(Some((head, sealed)))
+    }
+
+    /// A prediction held.
+    fn held(&self) {
+        self.lock().backoff = 0;
+    }
+
+    /// A prediction missed: forget the head and pause.
+    fn missed(&self) {
+        let mut state = self.lock();
+        state.head = None;
+        state.backoff = (state.backoff * 2 + 1).min(MAX_BACKOFF);
+        state.skip = state.backoff;
     }
 }
 
@@ -518,21 +569,13 @@ async fn append_audit(
     drafts: &[AuditDraft],
     hint: &HeadHint,
 ) -> Result<(ChainHead, Vec<ChainHead>), StoreError> {
-    let predicted = {
-        let mut guard = hint.lock();
-        match *guard {
-            Some(head) => {
-                let after = crate::tx::Sealed::new(head, drafts)?.last(head);
-                *guard = Some(after);
-                Some(head)
+    if let Some((head, sealed)) = hint.predict(drafts)? {
+        match crate::tx::append_predicted(conn, head, sealed).await {
+            Ok(Predicted::Appended(heads)) => {
+                hint.held();
+                return Ok((head, heads));
             }
-            None => None,
-        }
-    };
-    if let Some(head) = predicted {
-        match crate::tx::append_predicted(conn, head, drafts).await {
-            Ok(Predicted::Appended(heads)) => return Ok((head, heads)),
-            Ok(Predicted::Moved) => hint.set(None),
+            Ok(Predicted::Moved) => hint.missed(),
             Err(e) => {
                 hint.set(None);
                 return Err(e);
@@ -545,4 +588,76 @@ async fn append_audit(
         Err(_) => None,
     });
     appended
+}
+
+#[cfg(test)]
+mod tests {
+    use warden_core::audit::Digest;
+    use warden_core::decision::Verdict;
+    use warden_core::time::Timestamp;
+
+    use super::*;
+
+    fn draft() -> AuditDraft {
+        AuditDraft {
+            time: Timestamp(1),
+            subject: "a".into(),
+            operation: "memory.read".into(),
+            resource: "project.k".into(),
+            verdict: Verdict::Allow,
+            reason: "visible_from:a".into(),
+            policy_version: "v1".into(),
+            details: serde_json::Value::Null,
+        }
+    }
+
+    const START: ChainHead = ChainHead {
+        count: 7,
+        seq: 7,
+        hash: Digest::GENESIS,
+    };
+
+    /// Whether the next group is predicted (a prediction is made when
+    /// there is one, and it moves the head past the group).
+    fn predicts(hint: &HeadHint) -> bool {
+        hint.predict(&[draft()]).unwrap().is_some()
+    }
+
+    #[test]
+    fn predictions_chain_on_and_pause_after_misses() {
+        let hint = HeadHint::default();
+        assert!(!predicts(&hint), "no head known: no prediction");
+        hint.set(Some(START));
+        let (head, sealed) = hint.predict(&[draft(), draft()]).unwrap().unwrap();
+        assert_eq!(head, START);
+        // The next group is sealed after this one's two entries.
+        let (next, _) = hint.predict(&[draft()]).unwrap().unwrap();
+        assert_eq!(next, sealed.last(head));
+        assert_eq!(next.seq, 9);
+        // Consecutive misses pause for 1, 3, 7 groups; the locked appends
+        // meanwhile set the head, which is used once the pause is over.
+        for pause in [1, 3, 7] {
+            hint.missed();
+            hint.set(Some(START));
+            for _ in 0..pause {
+                assert!(!predicts(&hint), "paused for {pause}");
+            }
+            assert!(predicts(&hint), "predicting again after {pause}");
+        }
+        // A prediction that held resets the pause to one group.
+        hint.held();
+        hint.missed();
+        hint.set(Some(START));
+        assert!(!predicts(&hint));
+        assert!(predicts(&hint));
+        // The pause never grows past its bound.
+        for _ in 0..20 {
+            hint.missed();
+        }
+        hint.set(Some(START));
+        for _ in 0..MAX_BACKOFF {
+            assert!(!predicts(&hint));
+        }
+        assert!(predicts(&hint));
+    }
 }
