@@ -113,6 +113,11 @@ pub(crate) struct Sealed {
 }
 
 impl Sealed {
+    /// The head after the last entry (`head` when there is none).
+    pub(crate) fn last(&self, head: ChainHead) -> ChainHead {
+        self.heads.last().copied().unwrap_or(head)
+    }
+
     pub(crate) fn new(head: ChainHead, drafts: &[AuditDraft]) -> Result<Self, StoreError> {
         let n = drafts.len();
         let mut s = Sealed {
@@ -241,13 +246,6 @@ pub(crate) async fn append_predicted(
         _ => Err(StoreError::corrupt(format!(
             "a predicted append of {sent} entries inserted {inserted}"
         ))),
-    }
-}
-
-impl Sealed {
-    /// The head after the last entry (`head` when there is none).
-    pub(crate) fn last(&self, head: ChainHead) -> ChainHead {
-        self.heads.last().copied().unwrap_or(head)
     }
 }
 

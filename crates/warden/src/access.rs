@@ -6,10 +6,11 @@
 //! token cache, else in the store (a token found active is cached; see
 //! `tokens` for how revocations leave the cache: at once through this
 //! engine, within the hierarchy cache's bound through another), and
-//! compares the stored hash with the computed one in constant time. A token whose agent this engine's cache
-//! does not know yet (another engine sharing the store registered it
-//! moments ago) makes the engine look the agent up in the store once
-//! ([`Engine::refresh_agent`]) rather than refuse it.
+//! compares the stored hash with the computed one in constant time. A
+//! token whose agent this engine's cache does not know yet (another engine
+//! sharing the store registered it moments ago) makes the engine look the
+//! agent up in the store once ([`Engine::refresh_agent`]) rather than
+//! refuse it.
 //!
 //! Outcomes, and what is recorded (`auth.request`, resource = the route):
 //!
