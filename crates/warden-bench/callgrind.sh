@@ -10,7 +10,8 @@
 # move with the machine's load, so they compare two builds (for example
 # before and after an engine change) where wall clock on a shared machine
 # cannot. Environment: CARGO_TARGET_DIR, CELLS (default: Warden's S1-S4 hot
-# and S1-S3 churn at depth 32; add e.g. `s1,hot,32,cedar-1p`).
+# and S1-S3 churn at depth 32; add e.g. `s1,hot,32,cedar-1p`, or S5's call, `s5,hot,0,warden`;
+# S5 has no depth and no churn; its engines are warden, cedar, rego, rego-vm).
 set -euo pipefail
 
 out=${1:-/dev/stdout}

@@ -383,6 +383,25 @@ pub fn profile(world: World, s: Scenario, mode: Mode, engine: &str, iters: usize
     profile_loop(&l.world, s, mode, &mut subs, engine, iters)
 }
 
+/// `iters` of S5's calls by `engine` (`warden`, `cedar`, `rego`, `rego-vm`),
+/// each inside [`profiled_region`]; the answers are checked.
+pub fn profile_session(w: &session::SessionWorld, engine: &str, iters: usize) -> Result<u64> {
+    let mut subs = session::subjects(w)?;
+    let Some(sub) = subs.iter_mut().find(|x| x.label() == engine) else {
+        bail!("no engine `{engine}` in s5");
+    };
+    let mut acc = 0u64;
+    for i in 0..iters {
+        let q = i % w.calls.len().max(1);
+        let got = profiled_region(|| sub.hot(q))?;
+        if got != w.expected(q) {
+            bail!("wrong answer: {engine} s5 call {q}: {got}");
+        }
+        acc = acc.wrapping_add(got);
+    }
+    Ok(acc)
+}
+
 fn profile_loop(
     world: &World,
     s: Scenario,

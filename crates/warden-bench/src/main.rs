@@ -189,10 +189,17 @@ fn run() -> Result<()> {
         let [s, m, d, engine] = parts.as_slice() else {
             bail!("--profile SCENARIO,MODE,DEPTH,ENGINE");
         };
+        if *s == "s5" {
+            // The session's calls (no depth, no churn).
+            let sw = session::SessionWorld::new(42);
+            let acc = warden_bench::profile_session(&sw, engine, args.iters)?;
+            println!("profiled {spec} x {} (checksum {acc})", args.iters);
+            return Ok(());
+        }
         let s = Scenario::ALL
             .into_iter()
             .find(|x| x.key() == *s)
-            .context("scenario: s1..s4")?;
+            .context("scenario: s1..s5")?;
         let m = [Mode::Hot, Mode::Churn]
             .into_iter()
             .find(|x| x.name() == *m)
