@@ -25,9 +25,10 @@
 //! A recorded value is walked; every scalar leaf (string, number, boolean,
 //! null) is a *field* of its own with its JSON path (`[3].recipient`, `$`
 //! for a bare string), so trust can be per field and a match can never
-//! span two fields. Each field keeps, in order, keyed fingerprints
-//! (HMAC-SHA-256 truncated to 64 bits, with a key the caller passes in:
-//! [`FingerprintKey`]) of its normalised tokens, never the text. The
+//! span two fields. Each field keeps, in order, keyed 64-bit fingerprints
+//! (SipHash-2-4 under 128 bits derived from a key the caller passes in:
+//! [`FingerprintKey`]; an index encoded by version 1 keeps HMAC-SHA-256)
+//! of its normalised tokens, never the text. The
 //! [`SourceIndex`] serialises to bytes ([`SourceIndex::to_bytes`]) so a
 //! store can persist it; restoring needs the same key, and a restored index
 //! answers exactly as the original did. What one recording added encodes on

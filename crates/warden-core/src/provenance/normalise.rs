@@ -60,19 +60,30 @@ pub fn is_invisible(c: char) -> bool {
 }
 
 fn is_word_char(c: char) -> bool {
+    // No ASCII character is a combining mark.
+    if c.is_ascii() {
+        return c.is_ascii_alphanumeric();
+    }
     c.is_alphanumeric() || is_combining_mark(c)
 }
 
 /// Split `text` into tokens (see the module docs), numbers canonical.
 fn tokenise(text: &str) -> Vec<String> {
     let mut out = Vec::new();
+    each_token(text, |t| out.push(t.to_owned()));
+    out
+}
+
+/// Call `f` with each token of `text` in order (see the module docs),
+/// numbers in canonical form; nothing is allocated but a rewritten number.
+pub(crate) fn each_token(text: &str, mut f: impl FnMut(&str)) {
     let mut chars = text.char_indices().peekable();
     while let Some((start, c)) = chars.next() {
         if c.is_whitespace() {
             continue;
         }
         if !is_word_char(c) {
-            out.push(c.to_string());
+            f(text.get(start..start + c.len_utf8()).unwrap_or(""));
             continue;
         }
         let mut end = start + c.len_utf8();
@@ -85,7 +96,8 @@ fn tokenise(text: &str) -> Vec<String> {
         }
         // A run of ASCII digits followed by `.` and a digit is a decimal.
         let run = text.get(start..end).unwrap_or("");
-        let decimal = run.bytes().all(|b| b.is_ascii_digit())
+        let digits = run.bytes().all(|b| b.is_ascii_digit());
+        let decimal = digits
             && text
                 .get(end..)
                 .and_then(|rest| rest.strip_prefix('.'))
@@ -102,9 +114,12 @@ fn tokenise(text: &str) -> Vec<String> {
             }
         }
         let token = text.get(start..end).unwrap_or("");
-        out.push(canonical_number(token).unwrap_or_else(|| token.to_owned()));
+        // Only a run of digits (with its decimals) can be a number.
+        match digits.then(|| canonical_number(token)).flatten() {
+            Some(n) if n != token => f(&n),
+            _ => f(token),
+        }
     }
-    out
 }
 
 /// The canonical decimal form of a plain decimal number token
@@ -144,6 +159,15 @@ pub fn canonical_number(token: &str) -> Option<String> {
     Some(out)
 }
 
+/// `text` in NFC (borrowed when it already is: ASCII always is).
+pub(crate) fn nfc(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.is_ascii() {
+        std::borrow::Cow::Borrowed(text)
+    } else {
+        std::borrow::Cow::Owned(text.nfc().collect())
+    }
+}
+
 /// Exact tokens of `text` (NFC, canonical numbers).
 pub fn exact_tokens(text: &str) -> Vec<String> {
     // NFC leaves ASCII as it is.
@@ -163,6 +187,13 @@ pub fn caseless_tokens(exact: &[String]) -> Vec<String> {
 /// full stop `。` read as `.` (as host names read it), lowercased,
 /// tokenised, canonical numbers, then the TR39 skeleton.
 pub fn skeleton_tokens(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    each_skeleton_token(text, |t| out.push(t.to_owned()));
+    out
+}
+
+/// Call `f` with each of [`skeleton_tokens`] in order, reusing one buffer.
+pub(crate) fn each_skeleton_token(text: &str, mut f: impl FnMut(&str)) {
     // NFKC leaves ASCII as it is, and no ASCII character is invisible.
     let folded = if text.is_ascii() {
         text.to_ascii_lowercase()
@@ -173,10 +204,11 @@ pub fn skeleton_tokens(text: &str) -> Vec<String> {
             .collect::<String>()
             .to_lowercase()
     };
-    tokenise(&folded)
-        .into_iter()
-        .map(|t| skeleton(&t))
-        .collect()
+    let mut buf = String::new();
+    each_token(&folded, |t| {
+        skeleton_into(t, &mut buf);
+        f(&buf);
+    });
 }
 
 /// The TR39 skeleton of every ASCII character, computed once, where it is
@@ -194,25 +226,38 @@ static ASCII_SKELETONS: LazyLock<Vec<Option<String>>> = LazyLock::new(|| {
 });
 
 /// The TR39 confusable skeleton of `token`.
+#[cfg(test)]
 fn skeleton(token: &str) -> String {
+    let mut out = String::new();
+    skeleton_into(token, &mut out);
+    out
+}
+
+/// The TR39 confusable skeleton of `token`, in `out` (cleared first).
+fn skeleton_into(token: &str, out: &mut String) {
+    out.clear();
     if token.is_ascii() {
-        let mut out = String::with_capacity(token.len());
         for b in token.bytes() {
             match ASCII_SKELETONS
                 .get(usize::from(b))
                 .and_then(Option::as_deref)
             {
                 Some(s) => out.push_str(s),
-                None => return unicode_security::skeleton(token).collect(),
+                None => {
+                    out.clear();
+                    out.extend(unicode_security::skeleton(token));
+                    return;
+                }
             }
         }
-        return out;
+        return;
     }
-    unicode_security::skeleton(token).collect()
+    out.extend(unicode_security::skeleton(token));
 }
 
 /// Alphanumeric characters in the exact tokens: what makes a value long
 /// enough to be vouched for by occurrence in free text.
+#[cfg(test)]
 pub fn significant_chars(exact: &[String]) -> usize {
     exact
         .iter()

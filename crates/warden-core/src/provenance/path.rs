@@ -147,7 +147,7 @@ impl ValuePath {
                     }
                     (Step::Each, Value::Array(items)) => {
                         for (i, v) in items.iter().enumerate() {
-                            next.push((format!("{path}[{i}]"), v));
+                            next.push((indexed(&path, i), v));
                         }
                     }
                     (Step::Key(k), _) => {
@@ -164,6 +164,18 @@ impl ValuePath {
         }
         Ok(current)
     }
+}
+
+/// `path[i]`.
+pub(crate) fn indexed(path: &str, i: usize) -> String {
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(i);
+    let mut p = String::with_capacity(path.len() + digits.len() + 2);
+    p.push_str(path);
+    p.push('[');
+    p.push_str(digits);
+    p.push(']');
+    p
 }
 
 /// One step of a concrete path inside a recorded value.
@@ -199,7 +211,7 @@ pub(crate) fn render(concrete: &[Concrete<'_>]) -> String {
             Concrete::Key(_) => s.push_str("[?]"),
             Concrete::Index(n) => {
                 s.push('[');
-                s.push_str(&n.to_string());
+                s.push_str(itoa::Buffer::new().format(*n));
                 s.push(']');
             }
         }

@@ -712,7 +712,7 @@ fn collect_leaves<'a>(path: String, value: &'a Value, out: &mut Vec<(String, &'a
         match value {
             Value::Array(items) => {
                 for (i, v) in items.iter().enumerate().rev() {
-                    stack.push((format!("{path}[{i}]"), v));
+                    stack.push((super::path::indexed(&path, i), v));
                 }
             }
             Value::Object(map) => {

@@ -19,7 +19,8 @@ impl SourceIndex {
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut w = Writer(Vec::with_capacity(64 + self.fields.len() * 32));
         w.0.extend_from_slice(MAGIC);
-        w.u64(self.key.check_value());
+        w.u8(self.scheme as u8);
+        w.u64(self.key.check_value(self.scheme));
         w.u64(self.limits.max_bytes);
         w.u32(self.limits.max_fields);
         w.u32(self.limits.max_sources);
@@ -56,7 +57,8 @@ impl SourceIndex {
         let fields = self.fields.get(mark.fields..).unwrap_or_default();
         let mut w = Writer(Vec::with_capacity(48 + fields.len() * 32));
         w.0.extend_from_slice(DELTA_MAGIC);
-        w.u64(self.key.check_value());
+        w.u8(self.scheme as u8);
+        w.u64(self.key.check_value(self.scheme));
         w.len(mark.sources);
         w.len(mark.fields);
         self.write_counters(&mut w);
@@ -87,7 +89,8 @@ impl SourceIndex {
         if r.take(MAGIC.len())? != MAGIC {
             return Err(IndexError::Corrupt { what: "header" });
         }
-        if r.u64()? != key.check_value() {
+        let scheme = Scheme::of_version(r.u8()?).ok_or(IndexError::Corrupt { what: "version" })?;
+        if r.u64()? != key.check_value(scheme) {
             return Err(IndexError::WrongKey);
         }
         let limits = IndexLimits {
@@ -95,7 +98,7 @@ impl SourceIndex {
             max_fields: r.u32()?,
             max_sources: r.u32()?,
         };
-        let mut index = Self::with_limits(key, limits);
+        let mut index = Self::with_scheme(key, limits, scheme);
         let mut seen = std::collections::BTreeSet::new();
         index.read_counters(&mut r)?;
         index.read_entries(&mut r, &mut seen)?;
@@ -106,7 +109,13 @@ impl SourceIndex {
                 });
             }
             r.take(DELTA_MAGIC.len())?;
-            if r.u64()? != index.key.check_value() {
+            // A delta is encoded in the version of the index it extends.
+            if r.u8()? != index.scheme as u8 {
+                return Err(IndexError::Corrupt {
+                    what: "delta version",
+                });
+            }
+            if r.u64()? != index.key.check_value(index.scheme) {
                 return Err(IndexError::WrongKey);
             }
             let at_sources = r.u32()? as usize;
@@ -312,9 +321,12 @@ fn read_field(r: &mut Reader<'_>, sources: &[Source]) -> Result<Field, IndexErro
     })
 }
 
-const MAGIC: &[u8] = b"WPI\x01";
-/// Starts every delta ([`SourceIndex::delta_since`]).
-const DELTA_MAGIC: &[u8] = b"WPD\x01";
+/// Starts every encoding, followed by its version (the fingerprint
+/// scheme: 1 HMAC-SHA-256, 2 SipHash-2-4).
+const MAGIC: &[u8] = b"WPI";
+/// Starts every delta ([`SourceIndex::delta_since`]), followed by the
+/// version of the index it extends.
+const DELTA_MAGIC: &[u8] = b"WPD";
 
 struct Writer(Vec<u8>);
 

@@ -4,9 +4,14 @@
 
 use serde_json::{Number, Value};
 
-use super::fingerprint::{FingerprintKey, Stream};
+use super::fingerprint::{FingerprintKey, Scheme, Stream};
+use std::borrow::Cow;
+
+use smallvec::SmallVec;
+
 use super::normalise::{
-    caseless_tokens, exact_tokens, is_invisible, significant_chars, skeleton_tokens,
+    caseless_tokens, each_skeleton_token, each_token, exact_tokens, is_invisible, nfc,
+    skeleton_tokens,
 };
 use super::path::{Concrete, cut, render};
 use super::rules::{MatchMode, OutputTrust};
@@ -104,6 +109,8 @@ struct Posting {
 #[derive(Debug, Clone)]
 pub struct SourceIndex {
     key: FingerprintKey,
+    /// How its fingerprints are computed (the version it encodes as).
+    scheme: Scheme,
     limits: IndexLimits,
     sources: Vec<Source>,
     fields: Vec<Field>,
@@ -120,7 +127,8 @@ pub struct SourceIndex {
 impl PartialEq for SourceIndex {
     /// Same recorded state under the same key.
     fn eq(&self, other: &Self) -> bool {
-        self.key.check_value() == other.key.check_value()
+        self.scheme == other.scheme
+            && self.key.check_value(self.scheme) == other.key.check_value(other.scheme)
             && self.limits == other.limits
             && self.sources == other.sources
             && self.fields == other.fields
@@ -161,12 +169,15 @@ fn scalar_text(value: &Value) -> Option<String> {
     }
 }
 
+/// Fingerprints of one needle's tokens: most values have few.
+type Prints = SmallVec<[u64; 8]>;
+
 /// A value prepared for search.
-pub(crate) struct Needle {
+pub(crate) struct Needle<'v> {
     /// The text, for the skeleton, which is computed only when needed.
-    text: String,
-    exact: Vec<u64>,
-    caseless: Vec<u64>,
+    text: Cow<'v, str>,
+    exact: Prints,
+    caseless: Prints,
     /// Only whole-field matches count.
     short: bool,
     /// The value holds default-ignorable or bidi-control characters.
@@ -181,8 +192,14 @@ impl SourceIndex {
 
     /// An empty index with the given limits.
     pub fn with_limits(key: FingerprintKey, limits: IndexLimits) -> Self {
+        Self::with_scheme(key, limits, Scheme::SipHash)
+    }
+
+    /// An empty index fingerprinting under `scheme`.
+    pub(crate) fn with_scheme(key: FingerprintKey, limits: IndexLimits, scheme: Scheme) -> Self {
         Self {
             key,
+            scheme,
             limits,
             sources: Vec::new(),
             fields: Vec::new(),
@@ -335,7 +352,7 @@ impl SourceIndex {
         let fp = |stream, tokens: &[String]| -> Vec<u64> {
             tokens
                 .iter()
-                .map(|t| self.key.fingerprint(stream, t))
+                .map(|t| self.key.fingerprint(self.scheme, stream, t))
                 .collect()
         };
         Field {
@@ -386,36 +403,59 @@ impl SourceIndex {
     }
 
     /// Prepare a scalar value for search; `None` for arrays and objects.
-    pub(crate) fn needle(&self, value: &Value, mode: MatchMode) -> Option<Needle> {
-        let text = scalar_text(value)?;
-        let exact = exact_tokens(&text);
-        let caseless = caseless_tokens(&exact);
-        let short = matches!(value, Value::Bool(_) | Value::Null)
-            || significant_chars(&exact) < MIN_SIGNIFICANT_CHARS;
-        let fp = |stream, tokens: &[String]| -> Vec<u64> {
-            tokens
-                .iter()
-                .map(|t| self.key.fingerprint(stream, t))
-                .collect()
+    /// The exact tokens (NFC, canonical numbers) and their lowercase forms
+    /// are fingerprinted as they are found, as [`exact_tokens`] and
+    /// [`caseless_tokens`] would give them.
+    pub(crate) fn needle<'v>(&self, value: &'v Value, mode: MatchMode) -> Option<Needle<'v>> {
+        let text: Cow<'v, str> = match value {
+            Value::String(s) => Cow::Borrowed(s.as_str()),
+            other => Cow::Owned(scalar_text(other)?),
         };
+        let mut exact = Prints::new();
+        let mut caseless = Prints::new();
+        let mut significant = 0usize;
+        let mut lower = String::new();
+        each_token(&nfc(&text), |t| {
+            significant += if t.is_ascii() {
+                t.bytes().filter(u8::is_ascii_alphanumeric).count()
+            } else {
+                t.chars().filter(|c| c.is_alphanumeric()).count()
+            };
+            if mode == MatchMode::Text {
+                exact.push(self.key.fingerprint(self.scheme, Stream::Exact, t));
+            }
+            let folded = if t.is_ascii() {
+                if t.bytes().any(|b| b.is_ascii_uppercase()) {
+                    lower.clear();
+                    lower.extend(t.chars().map(|c| c.to_ascii_lowercase()));
+                    lower.as_str()
+                } else {
+                    t
+                }
+            } else {
+                lower = t.to_lowercase();
+                lower.as_str()
+            };
+            caseless.push(self.key.fingerprint(self.scheme, Stream::Caseless, folded));
+        });
+        let short =
+            matches!(value, Value::Bool(_) | Value::Null) || significant < MIN_SIGNIFICANT_CHARS;
         Some(Needle {
-            exact: match mode {
-                MatchMode::Text => fp(Stream::Exact, &exact),
-                MatchMode::Caseless => Vec::new(),
-            },
-            caseless: fp(Stream::Caseless, &caseless),
+            exact,
+            caseless,
             short,
-            invisible: text.chars().any(is_invisible),
+            invisible: !text.is_ascii() && text.chars().any(is_invisible),
             text,
         })
     }
 
     /// The needle's skeleton fingerprints.
-    fn skeleton(&self, needle: &Needle) -> Vec<u64> {
-        skeleton_tokens(&needle.text)
-            .iter()
-            .map(|t| self.key.fingerprint(Stream::Skeleton, t))
-            .collect()
+    fn skeleton(&self, needle: &Needle<'_>) -> Prints {
+        let mut out = Prints::new();
+        each_skeleton_token(&needle.text, |t| {
+            out.push(self.key.fingerprint(self.scheme, Stream::Skeleton, t));
+        });
+        out
     }
 
     fn postings(&self, stream: Stream) -> &[Posting] {
@@ -707,6 +747,65 @@ fn walk<'a>(
                     origin: origin_of(path),
                     text,
                 });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    use super::super::normalise::significant_chars;
+    use super::*;
+
+    fn reference(
+        index: &SourceIndex,
+        value: &Value,
+        mode: MatchMode,
+    ) -> (Vec<u64>, Vec<u64>, bool) {
+        let text = scalar_text(value).unwrap_or_default();
+        let exact = exact_tokens(&text);
+        let fp = |stream, tokens: &[String]| -> Vec<u64> {
+            tokens
+                .iter()
+                .map(|t| index.key.fingerprint(index.scheme, stream, t))
+                .collect()
+        };
+        let short = matches!(value, Value::Bool(_) | Value::Null)
+            || significant_chars(&exact) < MIN_SIGNIFICANT_CHARS;
+        let exact_fp = match mode {
+            MatchMode::Text => fp(Stream::Exact, &exact),
+            MatchMode::Caseless => Vec::new(),
+        };
+        (
+            exact_fp,
+            fp(Stream::Caseless, &caseless_tokens(&exact)),
+            short,
+        )
+    }
+
+    proptest! {
+        /// The needle fingerprints, as it finds them, exactly the tokens
+        /// the recording side keeps ([`exact_tokens`], [`caseless_tokens`]),
+        /// whatever the script, case, numbers or invisible characters.
+        #[test]
+        fn the_needle_is_the_recorded_tokens(
+            text in "([ -~]|[\\u{80}-\\u{3ff}]|[\\u{1e9e}\\u{130}\\u{1c5}\\u{200b}\\u{ff21}-\\u{ff3a}])*",
+            number in any::<f64>(),
+        ) {
+            let index = SourceIndex::new(FingerprintKey::new(&[3; 32]).unwrap());
+            for value in [json!(text), json!(number), json!(true), Value::Null] {
+                for mode in [MatchMode::Text, MatchMode::Caseless] {
+                    let Some(n) = index.needle(&value, mode) else { continue };
+                    let (exact, caseless, short) = reference(&index, &value, mode);
+                    prop_assert_eq!(n.exact.as_slice(), exact.as_slice());
+                    prop_assert_eq!(n.caseless.as_slice(), caseless.as_slice());
+                    prop_assert_eq!(n.short, short);
+                    let text = scalar_text(&value).unwrap_or_default();
+                    prop_assert_eq!(n.invisible, text.chars().any(is_invisible));
+                }
             }
         }
     }
