@@ -2,14 +2,17 @@
 //!
 //! Effective capabilities are on every hot path, so they are computed once
 //! when an agent is registered and stored as a [`CapSet`]: a membership test
-//! is one word load and a shift.
+//! is one word load and a shift. A catalogue of up to 64 actions keeps the
+//! word inside the set (no allocation, and no second cache miss after the
+//! agent's node on a hierarchy too large for the cache).
 
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 
 /// A set of action indices (see the catalogue's `ActionIndex`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct CapSet {
-    words: Vec<u64>,
+    words: SmallVec<[u64; 1]>,
 }
 
 impl CapSet {

@@ -34,8 +34,8 @@
 //! recomputes `inherited` with `effective` over the subtree.
 
 use std::collections::BTreeSet;
-
-use crate::FastMap as HashMap;
+use std::fmt;
+use std::hash::BuildHasher as _;
 
 use serde::{Deserialize, Serialize};
 
@@ -245,13 +245,55 @@ impl PreparedAgent {
     }
 }
 
+/// Agent ids to their index: a table of indices alone (4 bytes a slot),
+/// each compared through its node's own id. A lookup in a forest far larger
+/// than the cache then reads the small table (which stays cached) and the
+/// node it needs anyway, instead of a table slot holding a copy of the id.
+#[derive(Clone, Default)]
+struct IdIndex {
+    table: hashbrown::HashTable<AgentIdx>,
+    state: foldhash::fast::RandomState,
+}
+
+impl fmt::Debug for IdIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdIndex")
+            .field("len", &self.table.len())
+            .finish()
+    }
+}
+
+impl IdIndex {
+    #[inline]
+    fn get(&self, nodes: &[AgentNode], id: &str) -> Option<AgentIdx> {
+        let hash = self.state.hash_one(id);
+        self.table
+            .find(hash, |i| {
+                nodes.get(i.get()).is_some_and(|n| n.id.as_str() == id)
+            })
+            .copied()
+    }
+
+    /// Add `id` at `idx` (not yet in `nodes`; every index already in the
+    /// table is).
+    fn insert(&mut self, nodes: &[AgentNode], id: &str, idx: AgentIdx) {
+        let state = &self.state;
+        let hash = state.hash_one(id);
+        self.table.insert_unique(hash, idx, |i| {
+            nodes
+                .get(i.get())
+                .map_or(0, |n| state.hash_one(n.id.as_str()))
+        });
+    }
+}
+
 /// The agent forest with cached effective capabilities.
 #[derive(Debug, Clone)]
 pub struct Hierarchy {
     nodes: Vec<AgentNode>,
     /// The lineages (root first) of agents with children, end to end.
     paths: Vec<AgentIdx>,
-    by_id: HashMap<AgentId, AgentIdx>,
+    by_id: IdIndex,
     environment: CapSet,
     non_root_forbidden: CapSet,
     limits: HierarchyLimits,
@@ -263,7 +305,7 @@ impl Hierarchy {
         Self {
             nodes: Vec::new(),
             paths: Vec::new(),
-            by_id: HashMap::default(),
+            by_id: IdIndex::default(),
             environment,
             non_root_forbidden,
             limits,
@@ -293,7 +335,7 @@ impl Hierarchy {
     /// Look an agent up by id.
     #[inline]
     pub fn index_of(&self, id: &str) -> Option<AgentIdx> {
-        self.by_id.get(id).copied()
+        self.by_id.get(&self.nodes, id)
     }
 
     /// The node at `idx`.
@@ -363,7 +405,7 @@ impl Hierarchy {
         spec: &AgentSpec,
         index_of: &dyn Fn(&ActionName) -> Option<u16>,
     ) -> Result<PreparedAgent, HierarchyError> {
-        if self.by_id.contains_key(spec.id.as_str()) {
+        if self.index_of(spec.id.as_str()).is_some() {
             return Err(HierarchyError::DuplicateAgent(spec.id.clone()));
         }
         if u32::try_from(self.nodes.len()).is_err() {
@@ -428,7 +470,7 @@ impl Hierarchy {
     /// same, unchanged hierarchy.
     pub fn commit(&mut self, prepared: PreparedAgent) -> Result<AgentIdx, HierarchyError> {
         let mut node = prepared.node;
-        if self.by_id.contains_key(node.id.as_str()) {
+        if self.index_of(node.id.as_str()).is_some() {
             return Err(HierarchyError::DuplicateAgent(node.id));
         }
         let idx = AgentIdx(u32::try_from(self.nodes.len()).map_err(|_| HierarchyError::Full)?);
@@ -439,7 +481,7 @@ impl Hierarchy {
                 None => return Err(HierarchyError::UnknownAgent(node.id.to_string())),
             }
         }
-        self.by_id.insert(node.id.clone(), idx);
+        self.by_id.insert(&self.nodes, node.id.as_str(), idx);
         self.nodes.push(node);
         Ok(idx)
     }
