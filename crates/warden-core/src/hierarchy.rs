@@ -715,6 +715,32 @@ mod tests {
         assert_eq!(HierarchyError::Full.reason(), reasons::DEPTH_EXCEEDED);
     }
 
+    #[test]
+    fn every_agent_is_found_by_its_id_through_the_table_growing() {
+        let mut h = Hierarchy::new(CapSet::new(), CapSet::new(), HierarchyLimits::default());
+        // Past several growths of the id table (each rehashes every id
+        // through its node).
+        let ids: Vec<String> = (0..3_000).map(|i| format!("agent-{i}")).collect();
+        for (i, id) in ids.iter().enumerate() {
+            let parent = (i > 0).then(|| ids[(i - 1) / 2].as_str());
+            let idx = h.register(&spec(id, parent), &no_actions).unwrap();
+            assert_eq!(h.index_of(id), Some(idx));
+        }
+        for (i, id) in ids.iter().enumerate() {
+            let idx = h.index_of(id).unwrap();
+            assert_eq!(idx.get(), i);
+            assert_eq!(h.node(idx).map(|n| n.id().as_str()), Some(id.as_str()));
+        }
+        for absent in ["agent-3000", "agent-", "", "Agent-1", "agent-01"] {
+            assert_eq!(h.index_of(absent), None, "{absent}");
+        }
+        let err = h
+            .register(&spec("agent-17", None), &no_actions)
+            .unwrap_err();
+        assert_eq!(err.reason().as_str(), "duplicate_agent");
+        assert_eq!(h.len(), ids.len());
+    }
+
     mod ancestry {
         //! The constant-time ancestor answers against the lineage walk, over
         //! random forests and sequences of registrations, revocations and
