@@ -264,6 +264,11 @@ pub fn check_schema(declared: Option<&Value>, advertised: &Value) -> Result<(), 
     let empty = serde_json::Map::new();
     let declared_props = properties(declared).unwrap_or(&empty);
     let advertised_props = properties(advertised).unwrap_or(&empty);
+    // By name, whatever order the JSON map keeps (serde_json's
+    // `preserve_order` feature, turned on by another crate of a build,
+    // would otherwise reorder the problems).
+    let mut advertised_props: Vec<(&String, &Value)> = advertised_props.iter().collect();
+    advertised_props.sort_unstable_by(|a, b| a.0.cmp(b.0));
     for (name, adv) in advertised_props {
         let Some(dec) = declared_props.get(name) else {
             problems.push(format!(
