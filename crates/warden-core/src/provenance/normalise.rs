@@ -14,6 +14,7 @@
 //!   lowercased, tokenised, numbers canonical, then the Unicode TR39
 //!   confusable skeleton of each token.
 
+use std::borrow::Cow;
 use std::sync::LazyLock;
 
 use unicode_normalization::UnicodeNormalization;
@@ -159,23 +160,18 @@ pub fn canonical_number(token: &str) -> Option<String> {
     Some(out)
 }
 
-/// `text` in NFC (borrowed when it already is: ASCII always is).
-pub(crate) fn nfc(text: &str) -> std::borrow::Cow<'_, str> {
+/// `text` in NFC (borrowed when it already is: NFC leaves ASCII as it is).
+pub(crate) fn nfc(text: &str) -> Cow<'_, str> {
     if text.is_ascii() {
-        std::borrow::Cow::Borrowed(text)
+        Cow::Borrowed(text)
     } else {
-        std::borrow::Cow::Owned(text.nfc().collect())
+        Cow::Owned(text.nfc().collect())
     }
 }
 
 /// Exact tokens of `text` (NFC, canonical numbers).
 pub fn exact_tokens(text: &str) -> Vec<String> {
-    // NFC leaves ASCII as it is.
-    if text.is_ascii() {
-        return tokenise(text);
-    }
-    let nfc: String = text.nfc().collect();
-    tokenise(&nfc)
+    tokenise(&nfc(text))
 }
 
 /// Caseless tokens: the exact tokens, lowercased.

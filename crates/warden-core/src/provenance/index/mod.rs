@@ -2,13 +2,12 @@
 //! per field, in order, and the search that answers "does this value occur
 //! whole in that field".
 
-use serde_json::{Number, Value};
-
-use super::fingerprint::{FingerprintKey, Scheme, Stream};
 use std::borrow::Cow;
 
+use serde_json::{Number, Value};
 use smallvec::SmallVec;
 
+use super::fingerprint::{FingerprintKey, Scheme, Stream};
 use super::normalise::{
     caseless_tokens, each_skeleton_token, each_token, exact_tokens, is_invisible, nfc,
     skeleton_tokens,
