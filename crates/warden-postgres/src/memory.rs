@@ -9,7 +9,9 @@ use warden_store::{
     AuditFn, Delete, DeleteOutcome, PutOutcome, StorageQuota, StoreError, Usage, decide_put,
 };
 
-use crate::codec::{class_in, json_in, record_out, u64_in, u64_out};
+use tokio_postgres::types::ToSql;
+
+use crate::codec::{ClassColumns, class_in, json_in, record_out, u64_in, u64_out};
 use crate::pool::Tx;
 
 use crate::sql;
@@ -29,89 +31,157 @@ pub(crate) async fn put_in(
     quota: StorageQuota,
 ) -> Result<Option<PutOutcome>, StoreError> {
     let [owner, namespace, key] = record_key(&put.owner, &put.namespace, &put.key);
-    let (usage, current) = if quota.is_unlimited() {
+    let read = if quota.is_unlimited() {
         let row = tx
-            .query_opt(sql::SELECT_RECORD, &[&owner, &namespace, &key])
+            .query(sql::SELECT_RECORD, &[&owner, &namespace, &key])
             .await?;
-        (Usage::default(), row)
+        Read::unlimited(row)
     } else {
         // The lock is taken before anything is read (the three are
         // pipelined, and run in order): the owner's other quota-checked
         // writes (on any server) wait until this commits.
-        let [_, usage, mut current] = tx
+        let [_, usage, current] = tx
             .query3(
                 (sql::QUOTA_LOCK, &[&QUOTA_LOCK_RECORDS, &owner]),
                 (sql::OWNER_USAGE, &[&owner]),
                 (sql::SELECT_RECORD, &[&owner, &namespace, &key]),
             )
             .await?;
-        if current.len() > 1 {
-            return Err(StoreError::corrupt(format!(
-                "{} records stored at one key",
-                current.len()
-            )));
-        }
-        (usage_out(&usage)?, current.pop())
+        Read::limited(usage, current)
     };
-    let current = match current {
+    let (outcome, write) = decide(put, now, quota, read)?;
+    let Some(write) = write else {
+        return Ok(Some(outcome));
+    };
+    let changed = tx.execute(write.sql(), &write.params()).await?;
+    if changed == 1 {
+        return Ok(Some(outcome));
+    }
+    lost_race(tx, put).await
+}
+
+/// The rows a put is decided on: the owner's usage (when its quota is
+/// limited) and the record at its key.
+struct Read {
+    usage: Option<Vec<tokio_postgres::Row>>,
+    current: Vec<tokio_postgres::Row>,
+}
+
+impl Read {
+    fn unlimited(current: Vec<tokio_postgres::Row>) -> Self {
+        Self {
+            usage: None,
+            current,
+        }
+    }
+
+    fn limited(usage: Vec<tokio_postgres::Row>, current: Vec<tokio_postgres::Row>) -> Self {
+        Self {
+            usage: Some(usage),
+            current,
+        }
+    }
+}
+
+/// Decide `put` on what was read: the outcome and, when it writes, the
+/// conditional statement that makes it.
+fn decide(
+    put: &Put,
+    now: Timestamp,
+    quota: StorageQuota,
+    read: Read,
+) -> Result<(PutOutcome, Option<RowWrite>), StoreError> {
+    let Read { usage, mut current } = read;
+    if current.len() > 1 {
+        return Err(StoreError::corrupt(format!(
+            "{} records stored at one key",
+            current.len()
+        )));
+    }
+    let usage = match usage {
+        Some(rows) => usage_out(&rows)?,
+        None => Usage::default(),
+    };
+    let current = match current.pop() {
         Some(row) => Some(record_out(&row)?),
         None => None,
     };
     let outcome = decide_put(current.as_ref(), put, now, quota, usage);
-    let PutOutcome::Written { record, .. } = &outcome else {
-        return Ok(Some(outcome));
+    let write = match &outcome {
+        PutOutcome::Written { record, .. } => Some(RowWrite::new(record, current.as_ref(), now)?),
+        _ => None,
     };
-    let value = json_in(&record.value)?;
-    let class = class_in(&record.class);
-    let visibility = record.visibility.as_str();
-    let changed = match &current {
-        None => {
-            tx.execute(
-                sql::INSERT_RECORD,
-                &[
-                    &owner,
-                    &namespace,
-                    &key,
-                    &value,
-                    &visibility,
-                    &class.class,
-                    &class.combine,
-                    &class.grants,
-                    &class.expires_at,
-                    &now.0,
-                ],
-            )
-            .await?
-        }
-        Some(c) => {
-            let expected = u64_in(c.revision, "revision")?;
-            tx.execute(
-                sql::UPDATE_RECORD,
-                &[
-                    &owner,
-                    &namespace,
-                    &key,
-                    &value,
-                    &visibility,
-                    &class.class,
-                    &class.combine,
-                    &class.grants,
-                    &class.expires_at,
-                    &now.0,
-                    &expected,
-                ],
-            )
-            .await?
-        }
-    };
-    if changed == 1 {
-        return Ok(Some(outcome));
+    Ok((outcome, write))
+}
+
+/// The row change of a written put, ready to bind: an insert when there
+/// was no record, else an update conditional on the revision read.
+struct RowWrite {
+    value: String,
+    visibility: &'static str,
+    class: ClassColumns,
+    now: i64,
+    /// The revision an update expects; `None` for an insert.
+    expected: Option<i64>,
+    owner: String,
+    namespace: String,
+    key: String,
+}
+
+impl RowWrite {
+    fn new(
+        record: &MemoryRecord,
+        current: Option<&MemoryRecord>,
+        now: Timestamp,
+    ) -> Result<Self, StoreError> {
+        Ok(Self {
+            value: json_in(&record.value)?,
+            visibility: record.visibility.as_str(),
+            class: class_in(&record.class),
+            now: now.0,
+            expected: current
+                .map(|c| u64_in(c.revision, "revision"))
+                .transpose()?,
+            owner: record.owner.as_str().to_owned(),
+            namespace: record.namespace.as_str().to_owned(),
+            key: record.key.as_str().to_owned(),
+        })
     }
-    // Zero rows: another writer committed first. For a compare-and-set
-    // on a revision that is a conflict, decided here against the
-    // revision now stored; a create-only put that lost the race to
-    // create is a conflict too. An unconditional put is decided again
-    // against the new row.
+
+    fn sql(&self) -> &'static str {
+        match self.expected {
+            None => sql::INSERT_RECORD,
+            Some(_) => sql::UPDATE_RECORD,
+        }
+    }
+
+    fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
+        let mut p: Vec<&(dyn ToSql + Sync)> = vec![
+            &self.owner,
+            &self.namespace,
+            &self.key,
+            &self.value,
+            &self.visibility,
+            &self.class.class,
+            &self.class.combine,
+            &self.class.grants,
+            &self.class.expires_at,
+            &self.now,
+        ];
+        if let Some(expected) = &self.expected {
+            p.push(expected);
+        }
+        p
+    }
+}
+
+/// A put whose conditional statement changed no row: another writer
+/// committed first. For a compare-and-set on a revision that is a
+/// conflict, decided here against the revision now stored; a create-only
+/// put that lost the race to create is a conflict too. An unconditional
+/// put is decided again (`None`) against the new row.
+async fn lost_race(tx: &mut Tx<'_>, put: &Put) -> Result<Option<PutOutcome>, StoreError> {
+    let [owner, namespace, key] = record_key(&put.owner, &put.namespace, &put.key);
     match put.expected_revision {
         Some(_) => {
             let current = tx
@@ -133,6 +203,115 @@ pub(crate) async fn put_in(
     }
 }
 
+/// A put queued for a writer. A writer runs a run of consecutive puts of
+/// distinct owners together ([`put_many`]); any other put alone
+/// ([`PutJob::run_alone`]).
+pub(crate) struct PutJob {
+    pub(crate) put: Put,
+    pub(crate) now: Timestamp,
+    pub(crate) quota: StorageQuota,
+}
+
+impl PutJob {
+    /// The owner: the writer's route, and what makes puts independent
+    /// (no two puts of one run share an owner, so none reads a row or a
+    /// usage another writes).
+    pub(crate) fn owner(&self) -> &str {
+        self.put.owner.as_str()
+    }
+
+    /// Decide and write the put on its own, deciding again after each
+    /// lost race (each statement sees what committed before it).
+    pub(crate) async fn run_alone(&self, tx: &mut Tx<'_>) -> Result<PutOutcome, StoreError> {
+        for _ in 0..PUT_ATTEMPTS {
+            if let Some(outcome) = put_in(tx, &self.put, self.now, self.quota).await? {
+                return Ok(outcome);
+            }
+        }
+        Err(StoreError::backend(format!(
+            "the write to `{}.{}` lost {PUT_ATTEMPTS} races with concurrent writers",
+            self.put.namespace, self.put.key
+        )))
+    }
+}
+
+/// What [`put_many`] decided for one put.
+pub(crate) enum Batched {
+    /// Final: written, or refused having changed nothing.
+    Decided(PutOutcome),
+    /// Its conditional statement lost a race: decide it again alone.
+    Again,
+    /// It cannot be decided (a corrupt row, a value that cannot be
+    /// encoded); it changed nothing.
+    Failed(StoreError),
+}
+
+/// Decide the puts of `jobs` (distinct owners) together: every read in
+/// one round trip (with the savepoint [`Tx::savepoint`] left pending),
+/// then every row change in another, where one at a time costs two round
+/// trips each. Within a put its statements run in order, as in
+/// [`put_in`] (the owner's quota lock before its usage is read).
+///
+/// `Err` when a statement failed: the transaction is then aborted back to
+/// that savepoint, and the caller rolls back to it and runs the puts
+/// alone. `Ok` when every statement ran: one answer per job, in order.
+pub(crate) async fn put_many(
+    tx: &mut Tx<'_>,
+    jobs: &[&PutJob],
+) -> Result<Vec<Batched>, StoreError> {
+    let keys: Vec<[&str; 3]> = jobs
+        .iter()
+        .map(|j| record_key(&j.put.owner, &j.put.namespace, &j.put.key))
+        .collect();
+    let mut reads: Vec<(&'static str, Vec<&(dyn ToSql + Sync)>)> = Vec::new();
+    for (job, [owner, namespace, key]) in jobs.iter().zip(&keys) {
+        if !job.quota.is_unlimited() {
+            reads.push((sql::QUOTA_LOCK, vec![&QUOTA_LOCK_RECORDS, owner]));
+            reads.push((sql::OWNER_USAGE, vec![owner]));
+        }
+        reads.push((sql::SELECT_RECORD, vec![owner, namespace, key]));
+    }
+    let mut rows = tx.pipeline(&reads).await?.into_iter();
+    let mut decided = Vec::with_capacity(jobs.len());
+    let mut writes: Vec<(usize, RowWrite)> = Vec::new();
+    for (i, job) in jobs.iter().enumerate() {
+        let read = if job.quota.is_unlimited() {
+            Read::unlimited(next_rows(&mut rows)?)
+        } else {
+            let _lock = next_rows(&mut rows)?;
+            let usage = next_rows(&mut rows)?;
+            Read::limited(usage, next_rows(&mut rows)?)
+        };
+        match decide(&job.put, job.now, job.quota, read) {
+            Ok((outcome, write)) => {
+                if let Some(write) = write {
+                    writes.push((i, write));
+                }
+                decided.push(Batched::Decided(outcome));
+            }
+            Err(e) => decided.push(Batched::Failed(e)),
+        }
+    }
+    if writes.is_empty() {
+        return Ok(decided);
+    }
+    let statements: Vec<(&'static str, Vec<&(dyn ToSql + Sync)>)> =
+        writes.iter().map(|(_, w)| (w.sql(), w.params())).collect();
+    let changed = tx.pipeline_execute(&statements).await?;
+    for ((i, _), n) in writes.iter().zip(changed) {
+        if let (true, Some(slot)) = (n != 1, decided.get_mut(*i)) {
+            *slot = Batched::Again;
+        }
+    }
+    Ok(decided)
+}
+
+fn next_rows(
+    rows: &mut impl Iterator<Item = Vec<tokio_postgres::Row>>,
+) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+    rows.next()
+        .ok_or_else(|| StoreError::backend("a pipelined read of a put went unanswered"))
+}
 /// First key of the advisory lock of quota-checked memory writes ("WQmr").
 pub(crate) const QUOTA_LOCK_RECORDS: i32 = 0x5751_6d72;
 /// First key of the advisory lock of limited run creation ("WQrn").
@@ -184,26 +363,10 @@ pub(crate) async fn put_record(
     quota: StorageQuota,
     audit: AuditFn<PutOutcome>,
 ) -> Result<PutOutcome, StoreError> {
-    let route = put.owner.to_string();
     store
         .inner
         .writers
-        .write(Route::Key(&route), move |tx| {
-            Box::pin(async move {
-                for _ in 0..PUT_ATTEMPTS {
-                    // A lost race changed nothing: decide again (each
-                    // statement sees what committed before it).
-                    if let Some(outcome) = put_in(tx, &put, now, quota).await? {
-                        let drafts = audit(&outcome);
-                        return Ok(Done::new(outcome, drafts, None));
-                    }
-                }
-                Err(StoreError::backend(format!(
-                    "the write to `{}.{}` lost {PUT_ATTEMPTS} races with concurrent writers",
-                    put.namespace, put.key
-                )))
-            })
-        })
+        .put(PutJob { put, now, quota }, audit)
         .await
 }
 

@@ -12,8 +12,10 @@
 //! per statement instead of two.
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::task::AbortHandle;
@@ -270,6 +272,33 @@ async fn after_savepoint<T>(
     result
 }
 
+/// Await every future, polling them in the order given until all are
+/// done. A tokio-postgres request is sent when its future is first
+/// polled, so the requests go out in this order, together, and run in
+/// this order on the server.
+async fn in_order<F: Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut pending: Vec<Pin<Box<F>>> = futures.map(Box::pin).collect();
+    let mut done: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut waiting = false;
+        for (future, out) in pending.iter_mut().zip(done.iter_mut()) {
+            if out.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(v) => *out = Some(v),
+                    Poll::Pending => waiting = true,
+                }
+            }
+        }
+        if waiting {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    done.into_iter().flatten().collect()
+}
+
 impl Tx<'_> {
     /// Open a savepoint (`sql` is its `SAVEPOINT` statement) with the next
     /// statement, pipelined, rather than in a round trip of its own. Until
@@ -326,6 +355,58 @@ impl Tx<'_> {
                 Ok([ra?, rb?, rc?])
             }))
             .await
+    }
+
+    /// Statements pipelined (one round trip, with a pending savepoint),
+    /// each run after the one before it as if awaited one by one; their
+    /// rows in order. The first error wins (PostgreSQL fails every
+    /// statement after a failed one until the transaction rolls back).
+    pub(crate) async fn pipeline(
+        &mut self,
+        stmts: &[(&'static str, Vec<&(dyn ToSql + Sync)>)],
+    ) -> Result<Vec<Vec<Row>>, StoreError> {
+        let prepared = self.prepare_all(stmts).await?;
+        let savepoint = self.savepoint.take();
+        let tx = &self.tx;
+        let sent = prepared
+            .iter()
+            .zip(stmts)
+            .map(|(s, (_, p))| tx.query(s, p.as_slice()));
+        self.stmts
+            .exchange(after_savepoint(tx, savepoint, async {
+                in_order(sent).await.into_iter().collect()
+            }))
+            .await
+    }
+
+    /// As [`Tx::pipeline`], for statements whose row counts are wanted.
+    pub(crate) async fn pipeline_execute(
+        &mut self,
+        stmts: &[(&'static str, Vec<&(dyn ToSql + Sync)>)],
+    ) -> Result<Vec<u64>, StoreError> {
+        let prepared = self.prepare_all(stmts).await?;
+        let savepoint = self.savepoint.take();
+        let tx = &self.tx;
+        let sent = prepared
+            .iter()
+            .zip(stmts)
+            .map(|(s, (_, p))| tx.execute(s, p.as_slice()));
+        self.stmts
+            .exchange(after_savepoint(tx, savepoint, async {
+                in_order(sent).await.into_iter().collect()
+            }))
+            .await
+    }
+
+    async fn prepare_all(
+        &mut self,
+        stmts: &[(&'static str, Vec<&(dyn ToSql + Sync)>)],
+    ) -> Result<Vec<Statement>, StoreError> {
+        let mut prepared = Vec::with_capacity(stmts.len());
+        for (sql, _) in stmts {
+            prepared.push(self.stmts.get(&self.tx, sql).await?);
+        }
+        Ok(prepared)
     }
 
     pub(crate) async fn query_opt(

@@ -53,8 +53,9 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::Config;
 use warden_core::audit::{AuditDraft, ChainHead};
-use warden_store::StoreError;
+use warden_store::{AuditFn, PutOutcome, StoreError};
 
+use crate::memory::{Batched, PutJob, put_many};
 use crate::pool::{self, Conn, Tx};
 use crate::tx::{ChangeRec, Predicted};
 
@@ -112,6 +113,13 @@ trait Job: Send {
     /// For a job that runs no statement: its effects and answer, without
     /// a transaction. Any other job is handed back.
     fn audit_only(self: Box<Self>) -> Result<Ran, Box<dyn Job>>;
+    /// The owner of a put, which may run together with the puts of other
+    /// owners queued next to it (see [`run_puts`]).
+    fn put_owner(&self) -> Option<&str> {
+        None
+    }
+    /// The put this job is; any other job is handed back.
+    fn into_put(self: Box<Self>) -> Result<PutOp, Box<dyn Job>>;
 }
 
 type Reply<R> = oneshot::Sender<Result<(R, ChainHead), StoreError>>;
@@ -181,6 +189,10 @@ impl Job for AuditOnly {
     fn audit_only(self: Box<Self>) -> Result<Ran, Box<dyn Job>> {
         Ok(self.ran())
     }
+
+    fn into_put(self: Box<Self>) -> Result<PutOp, Box<dyn Job>> {
+        Err(self)
+    }
 }
 
 impl<F, R> Job for Op<F, R>
@@ -223,6 +235,73 @@ where
 
     fn audit_only(self: Box<Self>) -> Result<Ran, Box<dyn Job>> {
         Err(self)
+    }
+
+    fn into_put(self: Box<Self>) -> Result<PutOp, Box<dyn Job>> {
+        Err(self)
+    }
+}
+
+/// A memory put: a job of its own kind, so that a writer can decide a run
+/// of puts of distinct owners together (see [`run_puts`]).
+pub(crate) struct PutOp {
+    job: PutJob,
+    audit: AuditFn<PutOutcome>,
+    reply: Reply<PutOutcome>,
+}
+
+impl PutOp {
+    /// The job's audit drafts and its answer, once its outcome is known.
+    fn decided(self, result: Result<PutOutcome, StoreError>) -> Ran {
+        let PutOp { audit, reply, .. } = self;
+        match result {
+            Ok(outcome) => Ran {
+                effects: Some((audit(&outcome), None)),
+                answer: Box::new(Pending {
+                    result: Ok(outcome),
+                    reply,
+                }),
+            },
+            Err(e) => Ran {
+                effects: None,
+                answer: Box::new(Pending {
+                    result: Err(e),
+                    reply,
+                }),
+            },
+        }
+    }
+}
+
+impl Job for PutOp {
+    fn statements(&self) -> bool {
+        true
+    }
+
+    fn run<'a>(
+        self: Box<Self>,
+        tx: &'a mut Tx<'_>,
+    ) -> Pin<Box<dyn Future<Output = Ran> + Send + 'a>> {
+        Box::pin(async move {
+            let result = self.job.run_alone(tx).await;
+            self.decided(result)
+        })
+    }
+
+    fn fail(self: Box<Self>, err: StoreError) {
+        let _ = self.reply.send(Err(err));
+    }
+
+    fn audit_only(self: Box<Self>) -> Result<Ran, Box<dyn Job>> {
+        Err(self)
+    }
+
+    fn put_owner(&self) -> Option<&str> {
+        Some(self.job.owner())
+    }
+
+    fn into_put(self: Box<Self>) -> Result<PutOp, Box<dyn Job>> {
+        Ok(*self)
     }
 }
 
@@ -370,6 +449,21 @@ impl Writers {
             .0)
     }
 
+    /// Decide and write a memory put in the owner's writer's next group.
+    pub(crate) async fn put(
+        &self,
+        job: PutJob,
+        audit: AuditFn<PutOutcome>,
+    ) -> Result<PutOutcome, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let owner = job.owner().to_owned();
+        let op = PutOp { job, audit, reply };
+        Ok(self
+            .submit(Route::Key(&owner), Box::new(op), answer)
+            .await?
+            .0)
+    }
+
     /// Append `drafts` (no statement of their own) with the next group;
     /// returns the head after them.
     pub(crate) async fn append(&self, drafts: Vec<AuditDraft>) -> Result<ChainHead, StoreError> {
@@ -470,37 +564,47 @@ async fn run_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>, channel: &str, hint
             return;
         }
     };
-    let mut answers: Vec<(Box<dyn Answer>, usize)> = Vec::with_capacity(jobs.len());
-    let mut drafts = Vec::new();
-    let mut changes = Vec::new();
+    let mut done = Group {
+        answers: Vec::with_capacity(jobs.len()),
+        drafts: Vec::new(),
+        changes: Vec::new(),
+    };
     let mut broken: Option<StoreError> = None;
-    let mut queue = jobs.into_iter();
-    for job in queue.by_ref() {
-        let savepoint = job.statements();
-        if savepoint {
-            // Sent with the job's first statement.
-            tx.savepoint("SAVEPOINT job");
-        }
-        let ran = job.run(&mut tx).await;
-        match ran.effects {
-            Some((d, c)) => {
-                drafts.extend(d);
-                changes.extend(c);
-            }
-            None if savepoint => {
-                if let Err(e) = tx.rollback_to("ROLLBACK TO SAVEPOINT job").await {
-                    broken = Some(e);
+    let mut unrun: Vec<Box<dyn Job>> = Vec::new();
+    let mut queue = jobs.into_iter().peekable();
+    while let Some(job) = queue.next() {
+        let ran = match job.into_put() {
+            Ok(first) => {
+                // The puts queued next to it, up to the first of an owner
+                // already in the run (which must see the run's writes) or
+                // the first job of another kind.
+                let mut run = vec![first];
+                while let Some(next) = queue.next_if(|j| {
+                    j.put_owner()
+                        .is_some_and(|o| run.iter().all(|op| op.job.owner() != o))
+                }) {
+                    match next.into_put() {
+                        Ok(op) => run.push(op),
+                        Err(job) => {
+                            job.fail(StoreError::backend("a job named an owner and was no put"))
+                        }
+                    }
                 }
+                run_puts(&mut tx, run, &mut done).await
             }
-            None => {}
-        }
-        answers.push((ran.answer, drafts.len()));
-        if broken.is_some() {
+            Err(job) => run_one(&mut tx, job, &mut done).await,
+        };
+        if let Err(b) = ran {
+            broken = Some(b.error);
+            unrun = b.unrun;
             break;
         }
     }
-    // A savepoint that failed (a lost transaction) fails its job's first
-    // statement and then the rollback to it: the group is lost.
+    let Group {
+        answers,
+        drafts,
+        changes,
+    } = done;
     let outcome = match broken {
         Some(e) => {
             drop(tx);
@@ -525,10 +629,115 @@ async fn run_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>, channel: &str, hint
         });
     }
     if let Err(e) = &outcome {
-        for job in queue {
+        for job in unrun.into_iter().chain(queue) {
             job.fail(StoreError::fan_out(e));
         }
     }
+}
+
+/// What a group's jobs have left so far: each answer with the number of
+/// drafts up to and including its own, the drafts, the changes.
+struct Group {
+    answers: Vec<(Box<dyn Answer>, usize)>,
+    drafts: Vec<AuditDraft>,
+    changes: Vec<ChangeRec>,
+}
+
+impl Group {
+    fn push(&mut self, ran: Ran) {
+        if let Some((d, c)) = ran.effects {
+            self.drafts.extend(d);
+            self.changes.extend(c);
+        }
+        self.answers.push((ran.answer, self.drafts.len()));
+    }
+}
+
+/// The group's transaction was lost: its error, and the jobs taken from
+/// the queue that neither ran nor were answered.
+struct Broken {
+    error: StoreError,
+    unrun: Vec<Box<dyn Job>>,
+}
+
+impl From<StoreError> for Broken {
+    fn from(error: StoreError) -> Self {
+        Self {
+            error,
+            unrun: Vec::new(),
+        }
+    }
+}
+
+/// Run one job in its own savepoint (when it runs statements): one that
+/// fails rolls back alone, its statements and its drafts together.
+async fn run_one(tx: &mut Tx<'_>, job: Box<dyn Job>, done: &mut Group) -> Result<(), Broken> {
+    let savepoint = job.statements();
+    if savepoint {
+        // Sent with the job's first statement.
+        tx.savepoint("SAVEPOINT job");
+    }
+    let ran = job.run(tx).await;
+    let failed = ran.effects.is_none();
+    done.push(ran);
+    if failed && savepoint {
+        // A savepoint that failed (a lost transaction) fails its job's
+        // first statement and then the rollback to it: the group is lost.
+        tx.rollback_to("ROLLBACK TO SAVEPOINT job").await?;
+    }
+    Ok(())
+}
+
+/// Run puts of distinct owners together, in one savepoint: their reads in
+/// one round trip, their row changes in another ([`put_many`]). A put
+/// whose conditional change lost a race runs again alone. If a statement
+/// fails, the run is rolled back to its savepoint and every put runs
+/// alone, each in its own savepoint, as any other job: a put that fails
+/// then fails alone.
+async fn run_puts(tx: &mut Tx<'_>, mut run: Vec<PutOp>, done: &mut Group) -> Result<(), Broken> {
+    if run.len() == 1 {
+        let op = run.pop().map(|op| Box::new(op) as Box<dyn Job>);
+        return match op {
+            Some(op) => run_one(tx, op, done).await,
+            None => Ok(()),
+        };
+    }
+    tx.savepoint("SAVEPOINT puts");
+    let jobs: Vec<&PutJob> = run.iter().map(|op| &op.job).collect();
+    let batched = put_many(tx, &jobs).await;
+    let alone = match batched {
+        Ok(batched) => {
+            let mut again = Vec::new();
+            for (op, b) in run.into_iter().zip(batched) {
+                match b {
+                    Batched::Decided(outcome) => done.push(op.decided(Ok(outcome))),
+                    Batched::Failed(e) => done.push(op.decided(Err(e))),
+                    Batched::Again => again.push(op),
+                }
+            }
+            again
+        }
+        Err(_) => {
+            if let Err(error) = tx.rollback_to("ROLLBACK TO SAVEPOINT puts").await {
+                return Err(Broken {
+                    error,
+                    unrun: run
+                        .into_iter()
+                        .map(|op| Box::new(op) as Box<dyn Job>)
+                        .collect(),
+                });
+            }
+            run
+        }
+    };
+    let mut alone = alone.into_iter();
+    while let Some(op) = alone.next() {
+        if let Err(mut b) = run_one(tx, Box::new(op), done).await {
+            b.unrun.extend(alone.map(|op| Box::new(op) as Box<dyn Job>));
+            return Err(b);
+        }
+    }
+    Ok(())
 }
 
 /// A group of audit-only jobs: one round trip on the predicted head (see

@@ -45,8 +45,14 @@ async fn hold_head(scratch: &Scratch) -> (tokio_postgres::Client, i32) {
     (client, pid)
 }
 
-/// The backends waiting for the lock `blocker` holds.
+/// The backends waiting for the lock `blocker` holds. (`client` may be
+/// in a transaction, whose first look at `pg_stat_activity` would
+/// otherwise be the one it sees until it ends.)
 async fn blocked_by(client: &tokio_postgres::Client, blocker: i32) -> Vec<i32> {
+    client
+        .batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .unwrap();
     client
         .query(
             "SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
@@ -497,4 +503,317 @@ async fn a_killed_predicted_append_acknowledges_nothing() {
     let mut stored = numbers(&s).await;
     stored.sort_unstable();
     assert_eq!(stored, acknowledged);
+}
+
+/// Send a put on its own task and give it time to reach the writer's
+/// queue, so that puts queue in the order they are sent.
+async fn queued_put(
+    s: &PgStore,
+    p: warden_core::memory::Put,
+    quota: StorageQuota,
+    resource: &str,
+    tag: u64,
+) -> tokio::task::JoinHandle<Result<PutOutcome, StoreError>> {
+    let s = s.clone();
+    let audit = put_audit("w", resource, tag);
+    let task = tokio::spawn(async move { s.put_record(p, Timestamp(5), quota, audit).await });
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    task
+}
+
+/// The head lock held and a first group waiting on it, so that what is
+/// sent next queues up into the writer's next group.
+async fn stalled_writer(
+    scratch: &Scratch,
+    s: &PgStore,
+) -> (
+    tokio_postgres::Client,
+    tokio::task::JoinHandle<Result<ChainHead, StoreError>>,
+) {
+    let (holder, pid) = hold_head(scratch).await;
+    let first = tokio::spawn({
+        let s = s.clone();
+        async move { s.append_audit(vec![numbered(1)]).await }
+    });
+    wait_blocked(&holder, pid, 1).await;
+    (holder, first)
+}
+
+fn written(outcome: PutOutcome) -> (u64, bool) {
+    match outcome {
+        PutOutcome::Written { record, created } => (record.revision, created),
+        other => panic!("not written: {other:?}"),
+    }
+}
+
+/// Puts of distinct owners queued together are decided together (their
+/// reads in one round trip, their writes in another) and answer as one at
+/// a time would: an update, a compare-and-set conflict, a create over the
+/// owner's record quota, a create without a quota; a put of an owner
+/// already in the run waits for the run and sees its write. All commit in
+/// one transaction, each put's audit entry in queue order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_of_puts_of_distinct_owners_answers_as_one_at_a_time_would() {
+    let scratch = scratch_or_skip!();
+    let s = store(&scratch, 1).await;
+    for owner in ["a", "b", "c"] {
+        s.put_record(
+            put(owner, "g", "k", json!(0), Some(0)),
+            Timestamp(1),
+            StorageQuota::default(),
+            put_audit("w", "setup", 0),
+        )
+        .await
+        .unwrap();
+    }
+    let before = head_count(&s).await;
+    let one_record = StorageQuota {
+        max_records: Some(1),
+        max_bytes: None,
+    };
+    let roomy = StorageQuota {
+        max_records: Some(10),
+        max_bytes: Some(1_000),
+    };
+    let (holder, first) = stalled_writer(&scratch, &s).await;
+    let update = queued_put(&s, put("a", "g", "k", json!("a1"), None), roomy, "r.a", 1).await;
+    let conflict = queued_put(
+        &s,
+        put("b", "g", "k", json!("b1"), Some(7)),
+        StorageQuota::default(),
+        "r.b",
+        2,
+    )
+    .await;
+    let over = queued_put(
+        &s,
+        put("c", "g", "new", json!("c1"), Some(0)),
+        one_record,
+        "r.c",
+        3,
+    )
+    .await;
+    let create = queued_put(
+        &s,
+        put("d", "g", "k", json!("d1"), Some(0)),
+        StorageQuota::default(),
+        "r.d",
+        4,
+    )
+    .await;
+    // Owner `a` again: after the run, on the run's write (revision 2).
+    let again = queued_put(
+        &s,
+        put("a", "g", "k", json!("a2"), Some(2)),
+        roomy,
+        "r.a2",
+        5,
+    )
+    .await;
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    first.await.unwrap().unwrap();
+
+    assert_eq!(written(update.await.unwrap().unwrap()), (2, false));
+    assert!(matches!(
+        conflict.await.unwrap().unwrap(),
+        PutOutcome::Conflict { current: Some(1) }
+    ));
+    assert!(matches!(
+        over.await.unwrap().unwrap(),
+        PutOutcome::OverQuota {
+            limit: 1,
+            used: 1,
+            ..
+        }
+    ));
+    assert_eq!(written(create.await.unwrap().unwrap()), (1, true));
+    assert_eq!(written(again.await.unwrap().unwrap()), (3, false));
+
+    assert_eq!(get_one(&s, "a", "g", "k").await.unwrap().value, json!("a2"));
+    assert_eq!(get_one(&s, "b", "g", "k").await.unwrap().value, json!(0));
+    assert!(get_one(&s, "c", "g", "new").await.is_none());
+    assert_eq!(get_one(&s, "d", "g", "k").await.unwrap().value, json!("d1"));
+    let x = xmins(&scratch).await;
+    for r in ["r.b", "r.c", "r.d", "r.a2"] {
+        assert_eq!(x[r], x["r.a"], "{r} is in the group's transaction");
+    }
+    let head = assert_chain(&s).await;
+    assert_eq!(head.count, before + 6);
+    let order: Vec<String> = audit_all(&s)
+        .await
+        .into_iter()
+        .skip(before as usize + 1)
+        .map(|e| e.draft.resource)
+        .collect();
+    assert_eq!(order, ["r.a", "r.b", "r.c", "r.d", "r.a2"]);
+}
+
+/// A statement of a run of puts fails (a trigger refuses one key): the
+/// run rolls back to its savepoint and every put runs alone, so the
+/// failing put fails alone, without its audit entry, and the others
+/// commit with theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_statement_in_a_run_of_puts_fails_that_put_alone() {
+    let scratch = scratch_or_skip!();
+    let s = store(&scratch, 1).await;
+    scratch
+        .client()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$ \
+             BEGIN IF NEW.key = 'boom' THEN RAISE EXCEPTION 'boom refused'; END IF; \
+             RETURN NEW; END $$; \
+             CREATE TRIGGER refuse_boom BEFORE INSERT OR UPDATE ON memory \
+             FOR EACH ROW EXECUTE FUNCTION refuse_boom()",
+        )
+        .await
+        .unwrap();
+    s.audit_head().await.unwrap();
+    let before = head_count(&s).await;
+    let (holder, first) = stalled_writer(&scratch, &s).await;
+    let q = StorageQuota::default();
+    let one = queued_put(&s, put("a", "g", "one", json!(1), Some(0)), q, "r.one", 1).await;
+    let boom = queued_put(&s, put("b", "g", "boom", json!(2), Some(0)), q, "r.boom", 2).await;
+    let two = queued_put(&s, put("c", "g", "two", json!(3), Some(0)), q, "r.two", 3).await;
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    first.await.unwrap().unwrap();
+
+    assert_eq!(written(one.await.unwrap().unwrap()), (1, true));
+    let err = boom.await.unwrap().unwrap_err();
+    assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
+    // Its own statement's error, not the run's.
+    let mut chain = Vec::new();
+    let mut cause: Option<&dyn std::error::Error> = Some(&err);
+    while let Some(c) = cause {
+        chain.push(c.to_string());
+        cause = c.source();
+    }
+    assert!(chain.iter().any(|c| c.contains("boom refused")), "{chain:?}");
+    assert_eq!(written(two.await.unwrap().unwrap()), (1, true));
+    let stored = stored_keys(&scratch).await;
+    assert_eq!(stored.keys().collect::<Vec<_>>(), ["one", "two"]);
+    let x = xmins(&scratch).await;
+    assert_eq!(x["r.one"], x["r.two"]);
+    assert!(!x.contains_key("r.boom"));
+    assert_eq!(assert_chain(&s).await.count, before + 3);
+}
+
+/// Another transaction changes two rows of a run between its reads and
+/// its writes (the writes wait on its row locks): each conditional write
+/// changes nothing, and each put is decided again alone against what that
+/// transaction committed: the unconditional put is written on top of it,
+/// the compare-and-set on the old revision is a conflict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_put_of_a_run_that_loses_a_race_is_decided_again() {
+    let scratch = scratch_or_skip!();
+    let s = store(&scratch, 1).await;
+    for owner in ["a", "b"] {
+        s.put_record(
+            put(owner, "g", "k", json!(0), Some(0)),
+            Timestamp(1),
+            StorageQuota::default(),
+            put_audit("w", "setup", 0),
+        )
+        .await
+        .unwrap();
+    }
+    let outside = scratch.client().await;
+    let outside_pid: i32 = outside
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    outside
+        .batch_execute(
+            "BEGIN; UPDATE memory SET value = '\"outside\"', revision = revision + 1 \
+             WHERE key = 'k'",
+        )
+        .await
+        .unwrap();
+    let (holder, first) = stalled_writer(&scratch, &s).await;
+    let q = StorageQuota::default();
+    let plain = queued_put(&s, put("a", "g", "k", json!("ours"), None), q, "r.a", 1).await;
+    let cas = queued_put(&s, put("b", "g", "k", json!("ours"), Some(1)), q, "r.b", 2).await;
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    first.await.unwrap().unwrap();
+    // The run has read revision 1 and its writes wait on the rows.
+    wait_blocked(&holder, outside_pid, 1).await;
+    outside.batch_execute("COMMIT").await.unwrap();
+
+    assert_eq!(written(plain.await.unwrap().unwrap()), (3, false));
+    assert!(matches!(
+        cas.await.unwrap().unwrap(),
+        PutOutcome::Conflict { current: Some(2) }
+    ));
+    assert_eq!(
+        get_one(&s, "a", "g", "k").await.unwrap().value,
+        json!("ours")
+    );
+    assert_eq!(
+        get_one(&s, "b", "g", "k").await.unwrap().value,
+        json!("outside")
+    );
+    assert_chain(&s).await;
+}
+
+/// The writer's connection is killed while a run of puts waits on a row
+/// lock half-way through: no put of the run is acknowledged or stored,
+/// nor its audit entry, and the writer carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_of_puts_killed_half_way_acknowledges_nothing() {
+    let scratch = scratch_or_skip!();
+    let s = store(&scratch, 1).await;
+    s.put_record(
+        put("a", "g", "k", json!(0), Some(0)),
+        Timestamp(1),
+        StorageQuota::default(),
+        put_audit("w", "setup", 0),
+    )
+    .await
+    .unwrap();
+    let before = head_count(&s).await;
+    let outside = scratch.client().await;
+    let outside_pid: i32 = outside
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    outside
+        .batch_execute("BEGIN; SELECT 1 FROM memory WHERE key = 'k' FOR UPDATE")
+        .await
+        .unwrap();
+    let (holder, first) = stalled_writer(&scratch, &s).await;
+    let q = StorageQuota::default();
+    let mut puts = Vec::new();
+    for (i, owner) in ["b", "a", "c", "d"].into_iter().enumerate() {
+        let p = put(owner, "g", "k", json!("run"), None);
+        puts.push(queued_put(&s, p, q, &format!("r.{owner}"), i as u64).await);
+    }
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    first.await.unwrap().unwrap();
+    let writer = wait_blocked(&holder, outside_pid, 1).await;
+    for victim in writer {
+        holder
+            .query("SELECT pg_terminate_backend($1)", &[&victim])
+            .await
+            .unwrap();
+    }
+    outside.batch_execute("ROLLBACK").await.unwrap();
+    for p in puts {
+        let err = p.await.unwrap().unwrap_err();
+        assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
+    }
+    assert_eq!(stored_keys(&scratch).await.len(), 1);
+    assert_eq!(get_one(&s, "a", "g", "k").await.unwrap().value, json!(0));
+    assert_eq!(assert_chain(&s).await.count, before + 1);
+    // The writer reconnects for the next group.
+    let after = put("e", "g", "k", json!("after"), Some(0));
+    assert_eq!(
+        written(
+            s.put_record(after, Timestamp(6), q, put_audit("w", "r.e", 9))
+                .await
+                .unwrap()
+        ),
+        (1, true)
+    );
 }
