@@ -688,7 +688,10 @@ async fn a_failing_statement_in_a_run_of_puts_fails_that_put_alone() {
         chain.push(c.to_string());
         cause = c.source();
     }
-    assert!(chain.iter().any(|c| c.contains("boom refused")), "{chain:?}");
+    assert!(
+        chain.iter().any(|c| c.contains("boom refused")),
+        "{chain:?}"
+    );
     assert_eq!(written(two.await.unwrap().unwrap()), (1, true));
     let stored = stored_keys(&scratch).await;
     assert_eq!(stored.keys().collect::<Vec<_>>(), ["one", "two"]);
@@ -816,4 +819,102 @@ async fn a_run_of_puts_killed_half_way_acknowledges_nothing() {
         ),
         (1, true)
     );
+}
+
+/// Every class through a run of puts (creates and updates in one group):
+/// what is stored is what each put answered, column for column (the
+/// grants in their order, an empty grant list, a policy's combinator, a
+/// task's expiry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_of_puts_stores_every_class_as_it_answered() {
+    use warden_core::memory::{Combinator, RecordClass};
+    let scratch = scratch_or_skip!();
+    let s = store(&scratch, 1).await;
+    let with_class = |owner: &str, value, class: RecordClass, expected| {
+        let mut p = put(owner, "g", "k", value, expected);
+        p.class = Some(class);
+        p
+    };
+    let secret = |grants: &[&str]| RecordClass::Secret {
+        grants: grants.iter().map(|g| id(g)).collect(),
+    };
+    // Records to update, written one at a time.
+    for (owner, class) in [
+        ("u1", secret(&["z", "y"])),
+        (
+            "u2",
+            RecordClass::Policy {
+                combine: Combinator::Min,
+            },
+        ),
+    ] {
+        s.put_record(
+            with_class(owner, json!(1), class, Some(0)),
+            Timestamp(1),
+            StorageQuota::default(),
+            put_audit("w", "setup", 0),
+        )
+        .await
+        .unwrap();
+    }
+    let (holder, first) = stalled_writer(&scratch, &s).await;
+    let q = StorageQuota::default();
+    let puts = [
+        with_class("u1", json!(2), secret(&["b", "a", "c"]), Some(1)),
+        with_class(
+            "u2",
+            json!(3),
+            RecordClass::Policy {
+                combine: Combinator::Max,
+            },
+            Some(1),
+        ),
+        with_class("n1", json!("s"), secret(&["y", "x"]), Some(0)),
+        with_class("n2", json!("s"), secret(&[]), Some(0)),
+        with_class(
+            "n3",
+            json!(4),
+            RecordClass::Policy {
+                combine: Combinator::Min,
+            },
+            None,
+        ),
+        with_class(
+            "n4",
+            json!({"t": [1, 2]}),
+            RecordClass::Task {
+                expires_at: Some(Timestamp(99)),
+            },
+            None,
+        ),
+        with_class(
+            "n5",
+            json!(null),
+            RecordClass::Task { expires_at: None },
+            None,
+        ),
+    ];
+    let mut tasks = Vec::new();
+    for (i, p) in puts.into_iter().enumerate() {
+        let owner = p.owner.to_string();
+        tasks.push((
+            owner,
+            queued_put(&s, p, q, &format!("r{i}"), i as u64).await,
+        ));
+    }
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    first.await.unwrap().unwrap();
+    for (owner, task) in tasks {
+        let PutOutcome::Written { record, .. } = task.await.unwrap().unwrap() else {
+            panic!("{owner}: not written");
+        };
+        let stored = get_one(&s, &owner, "g", "k").await.unwrap();
+        assert_eq!(stored, record, "{owner}");
+    }
+    let stored = get_one(&s, "u1", "g", "k").await.unwrap();
+    assert_eq!(stored.class, secret(&["b", "a", "c"]));
+    assert_eq!(stored.revision, 2);
+    let x = xmins(&scratch).await;
+    assert!((1..7).all(|i| x[&format!("r{i}")] == x["r0"]), "one group");
+    assert_chain(&s).await;
 }

@@ -44,6 +44,14 @@ async fn an_abandoned_operation_does_not_hold_up_the_next() {
     );
     agents.unwrap().expect("the read");
     lock.rollback().await.unwrap();
+    // The group commits on its own once the lock is gone: wait for it
+    // (a chain read while it commits would see it half-way).
+    for _ in 0..500 {
+        if store.audit_head().await.unwrap().count == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let head = assert_chain(&store).await;
     assert_eq!(
         head.count, 2,
