@@ -1,6 +1,6 @@
 //! Memory records: the put decision in the database, deletes, usage and the storage quota.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use warden_core::ids::{AgentId, Key, Namespace};
 use warden_core::memory::{MemoryRecord, Put};
@@ -49,8 +49,7 @@ pub(crate) async fn put_in(
             .await?;
         Read::limited(usage, current)
     };
-    let (usage, current) = read.decoded()?;
-    let (outcome, write) = decide(put, now, quota, usage, current.as_ref())?;
+    let (outcome, write) = decide(put, now, quota, read)?;
     let Some(write) = write else {
         return Ok(Some(outcome));
     };
@@ -82,37 +81,34 @@ impl Read {
             current,
         }
     }
-
-    /// The usage and the record.
-    fn decoded(self) -> Result<(Usage, Option<MemoryRecord>), StoreError> {
-        let Read { usage, mut current } = self;
-        if current.len() > 1 {
-            return Err(StoreError::corrupt(format!(
-                "{} records stored at one key",
-                current.len()
-            )));
-        }
-        let usage = match usage {
-            Some(rows) => usage_out(&rows)?,
-            None => Usage::default(),
-        };
-        let current = current.pop().map(|row| record_out(&row)).transpose()?;
-        Ok((usage, current))
-    }
 }
 
-/// Decide `put` on the owner's usage and the record at its key: the
-/// outcome and, when it writes, the conditional row change that makes it.
+/// Decide `put` on what was read: the outcome and, when it writes, the
+/// conditional statement that makes it.
 fn decide(
     put: &Put,
     now: Timestamp,
     quota: StorageQuota,
-    usage: Usage,
-    current: Option<&MemoryRecord>,
+    read: Read,
 ) -> Result<(PutOutcome, Option<RowWrite>), StoreError> {
-    let outcome = decide_put(current, put, now, quota, usage);
+    let Read { usage, mut current } = read;
+    if current.len() > 1 {
+        return Err(StoreError::corrupt(format!(
+            "{} records stored at one key",
+            current.len()
+        )));
+    }
+    let usage = match usage {
+        Some(rows) => usage_out(&rows)?,
+        None => Usage::default(),
+    };
+    let current = match current.pop() {
+        Some(row) => Some(record_out(&row)?),
+        None => None,
+    };
+    let outcome = decide_put(current.as_ref(), put, now, quota, usage);
     let write = match &outcome {
-        PutOutcome::Written { record, .. } => Some(RowWrite::new(record, current, now)?),
+        PutOutcome::Written { record, .. } => Some(RowWrite::new(record, current.as_ref(), now)?),
         _ => None,
     };
     Ok((outcome, write))
@@ -250,14 +246,11 @@ pub(crate) enum Batched {
     Failed(StoreError),
 }
 
-/// Decide the puts of `jobs` (distinct owners) together, in a constant
-/// number of statements whatever their number: the quota locks of the
-/// owners whose quota is limited, their usage and every put's record in
-/// one round trip (with the savepoint [`Tx::savepoint`] left pending, and
-/// in that order: an owner's usage is read under its lock, as in
-/// [`put_in`]), then every insert in one statement and every update in
-/// another, in a second round trip, where one put at a time costs two
-/// round trips and two or four statements each.
+/// Decide the puts of `jobs` (distinct owners) together: every read in
+/// one round trip (with the savepoint [`Tx::savepoint`] left pending),
+/// then every row change in another, where one at a time costs two round
+/// trips each. Within a put its statements run in order, as in
+/// [`put_in`] (the owner's quota lock before its usage is read).
 ///
 /// `Err` when a statement failed: the transaction is then aborted back to
 /// that savepoint, and the caller rolls back to it and runs the puts
@@ -266,182 +259,58 @@ pub(crate) async fn put_many(
     tx: &mut Tx<'_>,
     jobs: &[&PutJob],
 ) -> Result<Vec<Batched>, StoreError> {
-    let owners: Vec<&str> = jobs.iter().map(|j| j.owner()).collect();
-    let namespaces: Vec<&str> = jobs.iter().map(|j| j.put.namespace.as_str()).collect();
-    let keys: Vec<&str> = jobs.iter().map(|j| j.put.key.as_str()).collect();
-    let limited: Vec<&str> = jobs
+    let keys: Vec<[&str; 3]> = jobs
         .iter()
-        .filter(|j| !j.quota.is_unlimited())
-        .map(|j| j.owner())
+        .map(|j| record_key(&j.put.owner, &j.put.namespace, &j.put.key))
         .collect();
-    let mut reads: Vec<(&'static str, Vec<&(dyn ToSql + Sync)>)> = Vec::with_capacity(3);
-    if !limited.is_empty() {
-        reads.push((sql::QUOTA_LOCKS, vec![&QUOTA_LOCK_RECORDS, &limited]));
-        reads.push((sql::OWNERS_USAGE, vec![&limited]));
+    let mut reads: Vec<(&'static str, Vec<&(dyn ToSql + Sync)>)> = Vec::new();
+    for (job, [owner, namespace, key]) in jobs.iter().zip(&keys) {
+        if !job.quota.is_unlimited() {
+            reads.push((sql::QUOTA_LOCK, vec![&QUOTA_LOCK_RECORDS, owner]));
+            reads.push((sql::OWNER_USAGE, vec![owner]));
+        }
+        reads.push((sql::SELECT_RECORD, vec![owner, namespace, key]));
     }
-    reads.push((sql::SELECT_RECORDS_AT, vec![&owners, &namespaces, &keys]));
-    let mut answered = tx.pipeline(&reads).await?;
-    let records = answered.pop().unwrap_or_default();
-    let usage_rows = if limited.is_empty() {
-        Vec::new()
-    } else {
-        answered.pop().unwrap_or_default()
-    };
-    // One key per owner: a record row is the one of its owner's put.
-    let mut current: HashMap<String, MemoryRecord> = HashMap::with_capacity(records.len());
-    for row in &records {
-        let record = record_out(row)?;
-        current.insert(record.owner.as_str().to_owned(), record);
-    }
-    let mut usage: HashMap<&str, Usage> = HashMap::with_capacity(usage_rows.len());
-    for row in &usage_rows {
-        let owner: &str = row.try_get(0).map_err(crate::error::column)?;
-        let records: i64 = row.try_get(1).map_err(crate::error::column)?;
-        let bytes: i64 = row.try_get(2).map_err(crate::error::column)?;
-        let used = Usage {
-            records: u64_out(records, "record count")?,
-            bytes: u64_out(bytes, "byte count")?,
-        };
-        usage.insert(owner, used);
-    }
+    let mut rows = tx.pipeline(&reads).await?.into_iter();
     let mut decided = Vec::with_capacity(jobs.len());
-    let mut writes = Writes::default();
+    let mut writes: Vec<(usize, RowWrite)> = Vec::new();
     for (i, job) in jobs.iter().enumerate() {
-        let used = usage.get(job.owner()).copied().unwrap_or_default();
-        match decide(&job.put, job.now, job.quota, used, current.get(job.owner())) {
-            Ok((outcome, write)) => match write.map(|w| writes.push(i, w)) {
-                Some(Err(e)) => decided.push(Batched::Failed(e)),
-                _ => decided.push(Batched::Decided(outcome)),
-            },
+        let read = if job.quota.is_unlimited() {
+            Read::unlimited(next_rows(&mut rows)?)
+        } else {
+            let _lock = next_rows(&mut rows)?;
+            let usage = next_rows(&mut rows)?;
+            Read::limited(usage, next_rows(&mut rows)?)
+        };
+        match decide(&job.put, job.now, job.quota, read) {
+            Ok((outcome, write)) => {
+                if let Some(write) = write {
+                    writes.push((i, write));
+                }
+                decided.push(Batched::Decided(outcome));
+            }
             Err(e) => decided.push(Batched::Failed(e)),
         }
     }
     if writes.is_empty() {
         return Ok(decided);
     }
-    let changed = writes.run(tx).await?;
-    for (i, owner) in writes.owners() {
-        if !changed.contains(owner)
-            && let Some(slot) = decided.get_mut(i)
-        {
+    let statements: Vec<(&'static str, Vec<&(dyn ToSql + Sync)>)> =
+        writes.iter().map(|(_, w)| (w.sql(), w.params())).collect();
+    let changed = tx.pipeline_execute(&statements).await?;
+    for ((i, _), n) in writes.iter().zip(changed) {
+        if let (true, Some(slot)) = (n != 1, decided.get_mut(*i)) {
             *slot = Batched::Again;
         }
     }
     Ok(decided)
 }
 
-/// The row changes of a run of puts, as the columns of [`sql::INSERT_RECORDS`]
-/// and [`sql::UPDATE_RECORDS`].
-#[derive(Default)]
-struct Writes {
-    /// Each write's job and owner.
-    jobs: Vec<(usize, String)>,
-    inserts: Columns,
-    updates: Columns,
-    expected: Vec<i64>,
-}
-
-#[derive(Default)]
-struct Columns {
-    owners: Vec<String>,
-    namespaces: Vec<String>,
-    keys: Vec<String>,
-    values: Vec<String>,
-    visibilities: Vec<&'static str>,
-    classes: Vec<&'static str>,
-    combines: Vec<Option<&'static str>>,
-    grants: Vec<Option<String>>,
-    expires: Vec<Option<i64>>,
-    nows: Vec<i64>,
-}
-
-impl Columns {
-    fn push(&mut self, w: RowWrite) -> Result<(), StoreError> {
-        let grants = w
-            .class
-            .grants
-            .as_ref()
-            .map(serde_json::to_string)
-            .transpose()
-            .map_err(|e| StoreError::backend(format!("cannot encode grants: {e}")))?;
-        self.owners.push(w.owner);
-        self.namespaces.push(w.namespace);
-        self.keys.push(w.key);
-        self.values.push(w.value);
-        self.visibilities.push(w.visibility);
-        self.classes.push(w.class.class);
-        self.combines.push(w.class.combine);
-        self.grants.push(grants);
-        self.expires.push(w.class.expires_at);
-        self.nows.push(w.now);
-        Ok(())
-    }
-
-    fn is_empty(&self) -> bool {
-        self.owners.is_empty()
-    }
-
-    fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
-        vec![
-            &self.owners,
-            &self.namespaces,
-            &self.keys,
-            &self.values,
-            &self.visibilities,
-            &self.classes,
-            &self.combines,
-            &self.grants,
-            &self.expires,
-            &self.nows,
-        ]
-    }
-}
-
-impl Writes {
-    /// Add job `job`'s write; a write whose columns cannot be encoded is
-    /// left out (nothing added), and its put fails.
-    fn push(&mut self, job: usize, w: RowWrite) -> Result<(), StoreError> {
-        let owner = w.owner.clone();
-        match w.expected {
-            None => self.inserts.push(w)?,
-            Some(expected) => {
-                self.updates.push(w)?;
-                self.expected.push(expected);
-            }
-        }
-        self.jobs.push((job, owner));
-        Ok(())
-    }
-
-    fn is_empty(&self) -> bool {
-        self.jobs.is_empty()
-    }
-
-    fn owners(&self) -> impl Iterator<Item = (usize, &str)> {
-        self.jobs.iter().map(|(i, o)| (*i, o.as_str()))
-    }
-
-    /// Run the inserts and the updates (one round trip); the owners whose
-    /// row changed.
-    async fn run(&self, tx: &mut Tx<'_>) -> Result<HashSet<String>, StoreError> {
-        let mut statements: Vec<(&'static str, Vec<&(dyn ToSql + Sync)>)> = Vec::with_capacity(2);
-        if !self.inserts.is_empty() {
-            statements.push((sql::INSERT_RECORDS, self.inserts.params()));
-        }
-        if !self.updates.is_empty() {
-            let mut params = self.updates.params();
-            params.push(&self.expected);
-            statements.push((sql::UPDATE_RECORDS, params));
-        }
-        let mut changed = HashSet::with_capacity(self.jobs.len());
-        for rows in tx.pipeline(&statements).await? {
-            for row in rows {
-                let owner: String = row.try_get(0).map_err(crate::error::column)?;
-                changed.insert(owner);
-            }
-        }
-        Ok(changed)
-    }
+fn next_rows(
+    rows: &mut impl Iterator<Item = Vec<tokio_postgres::Row>>,
+) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+    rows.next()
+        .ok_or_else(|| StoreError::backend("a pipelined read of a put went unanswered"))
 }
 /// First key of the advisory lock of quota-checked memory writes ("WQmr").
 pub(crate) const QUOTA_LOCK_RECORDS: i32 = 0x5751_6d72;

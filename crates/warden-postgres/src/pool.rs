@@ -379,6 +379,25 @@ impl Tx<'_> {
             .await
     }
 
+    /// As [`Tx::pipeline`], for statements whose row counts are wanted.
+    pub(crate) async fn pipeline_execute(
+        &mut self,
+        stmts: &[(&'static str, Vec<&(dyn ToSql + Sync)>)],
+    ) -> Result<Vec<u64>, StoreError> {
+        let prepared = self.prepare_all(stmts).await?;
+        let savepoint = self.savepoint.take();
+        let tx = &self.tx;
+        let sent = prepared
+            .iter()
+            .zip(stmts)
+            .map(|(s, (_, p))| tx.execute(s, p.as_slice()));
+        self.stmts
+            .exchange(after_savepoint(tx, savepoint, async {
+                in_order(sent).await.into_iter().collect()
+            }))
+            .await
+    }
+
     async fn prepare_all(
         &mut self,
         stmts: &[(&'static str, Vec<&(dyn ToSql + Sync)>)],

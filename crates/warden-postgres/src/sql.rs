@@ -36,51 +36,6 @@ pub const SELECT_RECORD: &str = "SELECT owner, namespace, key, value, visibility
      FROM memory WHERE owner = $1 AND namespace = $2 AND key = $3";
 pub const SELECT_REVISION: &str =
     "SELECT revision FROM memory WHERE owner = $1 AND namespace = $2 AND key = $3";
-/// The records at several keys: element `i` of `$1`, `$2`, `$3` (owners,
-/// namespaces, keys) is one key. Columns as [`SELECT_RECORD`]; no order.
-pub const SELECT_RECORDS_AT: &str = "SELECT m.owner, m.namespace, m.key, value, visibility, \
-     class, combine, grants, expires_at, revision, created_at, updated_at \
-     FROM memory m JOIN unnest($1::text[], $2::text[], $3::text[]) AS k(owner, namespace, key) \
-     ON m.owner = k.owner AND m.namespace = k.namespace AND m.key = k.key";
-/// [`QUOTA_LOCK`] for each owner of `$2`, in order.
-pub const QUOTA_LOCKS: &str = "SELECT pg_advisory_xact_lock($1::int, hashtext(t.o)) \
-     FROM unnest($2::text[]) WITH ORDINALITY AS t(o, i) ORDER BY t.i";
-/// [`OWNER_USAGE`] of each owner of `$1` that holds records:
-/// `owner, count, bytes`.
-pub const OWNERS_USAGE: &str = "SELECT owner, count(*), coalesce(sum(value_bytes), 0)::bigint \
-     FROM memory WHERE owner = ANY($1) GROUP BY owner";
-/// [`INSERT_RECORD`] of several records, element `i` of each array being
-/// record `i`'s column (`$8`, the grants, as a JSON array of strings or
-/// NULL); returns the keys of those created (a key that exists is skipped).
-pub const INSERT_RECORDS: &str = "INSERT INTO memory \
-     (owner, namespace, key, value, visibility, class, combine, grants, expires_at, \
-      revision, created_at, updated_at) \
-     SELECT r.owner, r.namespace, r.key, r.value, r.visibility, r.class, r.combine, \
-       CASE WHEN r.grants IS NULL THEN NULL \
-         ELSE ARRAY(SELECT g.e FROM json_array_elements_text(r.grants::json) \
-         WITH ORDINALITY AS g(e, i) ORDER BY g.i) END, \
-       r.expires_at, 1, r.now, r.now \
-     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], \
-       $7::text[], $8::text[], $9::bigint[], $10::bigint[]) \
-       AS r(owner, namespace, key, value, visibility, class, combine, grants, expires_at, now) \
-     ON CONFLICT (owner, namespace, key) DO NOTHING \
-     RETURNING owner, namespace, key";
-/// [`UPDATE_RECORD`] of several records, as [`INSERT_RECORDS`] with `$11`
-/// the revisions expected; returns the keys of those updated (one whose
-/// revision moved on, or that is gone, is not).
-pub const UPDATE_RECORDS: &str = "UPDATE memory m SET value = r.value, \
-     visibility = r.visibility, class = r.class, combine = r.combine, \
-     grants = CASE WHEN r.grants IS NULL THEN NULL \
-       ELSE ARRAY(SELECT g.e FROM json_array_elements_text(r.grants::json) \
-         WITH ORDINALITY AS g(e, i) ORDER BY g.i) END, \
-     expires_at = r.expires_at, revision = m.revision + 1, updated_at = r.now \
-     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], \
-       $7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::bigint[]) \
-       AS r(owner, namespace, key, value, visibility, class, combine, grants, expires_at, now, \
-         expected) \
-     WHERE m.owner = r.owner AND m.namespace = r.namespace AND m.key = r.key \
-       AND m.revision = r.expected \
-     RETURNING m.owner, m.namespace, m.key";
 /// Create-only: zero rows means the record exists.
 pub const INSERT_RECORD: &str = "INSERT INTO memory \
      (owner, namespace, key, value, visibility, class, combine, grants, expires_at, \
