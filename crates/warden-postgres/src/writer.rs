@@ -114,7 +114,7 @@ trait Job: Send {
     /// a transaction. Any other job is handed back.
     fn audit_only(self: Box<Self>) -> Result<Ran, Box<dyn Job>>;
     /// The owner of a put, which may run together with the puts of other
-    /// owners queued next to it (see [`run_puts`]).
+    /// owners queued next to it (see [`run_segment`]).
     fn put_owner(&self) -> Option<&str> {
         None
     }
@@ -575,22 +575,18 @@ async fn run_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>, channel: &str, hint
     while let Some(job) = queue.next() {
         let ran = match job.into_put() {
             Ok(first) => {
-                // The puts queued next to it, up to the first of an owner
-                // already in the run (which must see the run's writes) or
-                // the first job of another kind.
-                let mut run = vec![first];
-                while let Some(next) = queue.next_if(|j| {
-                    j.put_owner()
-                        .is_some_and(|o| run.iter().all(|op| op.job.owner() != o))
-                }) {
+                // The puts queued next to it, up to the first job of
+                // another kind.
+                let mut segment = vec![first];
+                while let Some(next) = queue.next_if(|j| j.put_owner().is_some()) {
                     match next.into_put() {
-                        Ok(op) => run.push(op),
+                        Ok(op) => segment.push(op),
                         Err(job) => {
                             job.fail(StoreError::backend("a job named an owner and was no put"))
                         }
                     }
                 }
-                run_puts(&mut tx, run, &mut done).await
+                run_segment(&mut tx, segment, &mut done).await
             }
             Err(job) => run_one(&mut tx, job, &mut done).await,
         };
@@ -684,6 +680,36 @@ async fn run_one(tx: &mut Tx<'_>, job: Box<dyn Job>, done: &mut Group) -> Result
         // A savepoint that failed (a lost transaction) fails its job's
         // first statement and then the rollback to it: the group is lost.
         tx.rollback_to("ROLLBACK TO SAVEPOINT job").await?;
+    }
+    Ok(())
+}
+
+/// Run consecutive puts in waves: the first put of each owner, then the
+/// second of each owner that has one, and so on. A wave's puts have
+/// distinct owners and run together ([`run_puts`]); an owner's puts keep
+/// their order, each seeing the one before, and puts of different owners,
+/// independent of each other, are recorded in wave order.
+async fn run_segment(tx: &mut Tx<'_>, segment: Vec<PutOp>, done: &mut Group) -> Result<(), Broken> {
+    let mut waves: Vec<Vec<PutOp>> = Vec::new();
+    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for op in segment {
+        let n = seen.entry(op.job.owner().to_owned()).or_insert(0);
+        let wave = *n;
+        *n += 1;
+        if wave == waves.len() {
+            waves.push(Vec::new());
+        }
+        if let Some(w) = waves.get_mut(wave) {
+            w.push(op);
+        }
+    }
+    let mut waves = waves.into_iter();
+    while let Some(wave) = waves.next() {
+        if let Err(mut b) = run_puts(tx, wave, done).await {
+            b.unrun
+                .extend(waves.flatten().map(|op| Box::new(op) as Box<dyn Job>));
+            return Err(b);
+        }
     }
     Ok(())
 }

@@ -549,9 +549,10 @@ fn written(outcome: PutOutcome) -> (u64, bool) {
 /// Puts of distinct owners queued together are decided together (their
 /// reads in one round trip, their writes in another) and answer as one at
 /// a time would: an update, a compare-and-set conflict, a create over the
-/// owner's record quota, a create without a quota; a put of an owner
-/// already in the run waits for the run and sees its write. All commit in
-/// one transaction, each put's audit entry in queue order.
+/// owner's record quota, a create without a quota; a second put of an
+/// owner waits for the first wave and sees its owner's first write, while
+/// a later put of a new owner joins the first wave. All commit in one
+/// transaction, the audit entries in wave order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_run_of_puts_of_distinct_owners_answers_as_one_at_a_time_would() {
     let scratch = scratch_or_skip!();
@@ -601,7 +602,7 @@ async fn a_run_of_puts_of_distinct_owners_answers_as_one_at_a_time_would() {
         4,
     )
     .await;
-    // Owner `a` again: after the run, on the run's write (revision 2).
+    // Owner `a` again: after the others, on the first's write (revision 2).
     let again = queued_put(
         &s,
         put("a", "g", "k", json!("a2"), Some(2)),
@@ -610,6 +611,8 @@ async fn a_run_of_puts_of_distinct_owners_answers_as_one_at_a_time_would() {
         5,
     )
     .await;
+    // A new owner after it runs with the first wave.
+    let late = queued_put(&s, put("e", "g", "k", json!("e1"), None), roomy, "r.e", 6).await;
     holder.batch_execute("ROLLBACK").await.unwrap();
     first.await.unwrap().unwrap();
 
@@ -628,24 +631,26 @@ async fn a_run_of_puts_of_distinct_owners_answers_as_one_at_a_time_would() {
     ));
     assert_eq!(written(create.await.unwrap().unwrap()), (1, true));
     assert_eq!(written(again.await.unwrap().unwrap()), (3, false));
+    assert_eq!(written(late.await.unwrap().unwrap()), (1, true));
 
     assert_eq!(get_one(&s, "a", "g", "k").await.unwrap().value, json!("a2"));
     assert_eq!(get_one(&s, "b", "g", "k").await.unwrap().value, json!(0));
     assert!(get_one(&s, "c", "g", "new").await.is_none());
     assert_eq!(get_one(&s, "d", "g", "k").await.unwrap().value, json!("d1"));
     let x = xmins(&scratch).await;
-    for r in ["r.b", "r.c", "r.d", "r.a2"] {
+    for r in ["r.b", "r.c", "r.d", "r.a2", "r.e"] {
         assert_eq!(x[r], x["r.a"], "{r} is in the group's transaction");
     }
     let head = assert_chain(&s).await;
-    assert_eq!(head.count, before + 6);
+    assert_eq!(head.count, before + 7);
     let order: Vec<String> = audit_all(&s)
         .await
         .into_iter()
         .skip(before as usize + 1)
         .map(|e| e.draft.resource)
         .collect();
-    assert_eq!(order, ["r.a", "r.b", "r.c", "r.d", "r.a2"]);
+    // The first put of each owner, then `a`'s second.
+    assert_eq!(order, ["r.a", "r.b", "r.c", "r.d", "r.e", "r.a2"]);
 }
 
 /// A statement of a run of puts fails (a trigger refuses one key): the
