@@ -65,11 +65,14 @@
 //!   row, `(seq, hash)`. Every appending operation is a job for one of the
 //!   store's group-commit writers ([`PgOptions::writers`], each with a
 //!   dedicated connection): a writer takes every job queued (up to
-//!   [`PgOptions::max_batch`]), runs them in one transaction, each in its
-//!   own savepoint (a failing job rolls back alone, with its audit
-//!   entries), then locks the head row with `SELECT ... FOR UPDATE` once,
+//!   [`PgOptions::max_batch`]), locks the head row with `SELECT ... FOR
+//!   UPDATE` once (when a job runs statements, before any of their rows),
+//!   runs the jobs in one transaction, each in its own savepoint (a
+//!   failing job rolls back alone, with its audit entries; consecutive
+//!   memory puts run in waves of distinct owners, each wave's reads in one
+//!   round trip and its row changes in another), then
 //!   records the group's [`Change`]s, assigns the next sequence numbers to
-//!   all the group's entries in job order, links each to the previous hash,
+//!   all the group's entries in the order the jobs ran, links each to the previous hash,
 //!   inserts them and moves the row in one statement sent together with the
 //!   `COMMIT`, and answers the jobs only once the commit returned. The
 //!   order of the log is thus the commit order of the head-lock holders,

@@ -29,6 +29,17 @@
 //! back; its callers get an error and the writer carries on with a new
 //! connection. A broken connection is replaced before the next group.
 //!
+//! Consecutive memory puts of a group run in waves (see [`run_segment`]):
+//! the first put of each owner, then the second of each owner that has
+//! one, and so on. A wave's puts have distinct owners, so none reads a row
+//! or a usage another writes: their reads go out together in one round
+//! trip (one savepoint for the wave), their row changes in another, where
+//! one at a time costs two round trips each. If one of the wave's
+//! statements fails, the wave rolls back to its savepoint and each of its
+//! puts runs alone in its own, as any other job; a put whose conditional
+//! change lost a race (another transaction changed the row after the wave
+//! read it) is decided again alone.
+//!
 //! A group of records only is sealed after the head the store's writers
 //! predict ([`HeadHint`]: the head after the last group any of them sent)
 //! and sent as one pipelined round trip, `BEGIN`, an insert that happens
