@@ -85,12 +85,12 @@ impl Read {
 
 /// Decide `put` on what was read: the outcome and, when it writes, the
 /// conditional statement that makes it.
-fn decide(
-    put: &Put,
+fn decide<'p>(
+    put: &'p Put,
     now: Timestamp,
     quota: StorageQuota,
     read: Read,
-) -> Result<(PutOutcome, Option<RowWrite>), StoreError> {
+) -> Result<(PutOutcome, Option<RowWrite<'p>>), StoreError> {
     let Read { usage, mut current } = read;
     if current.len() > 1 {
         return Err(StoreError::corrupt(format!(
@@ -108,7 +108,9 @@ fn decide(
     };
     let outcome = decide_put(current.as_ref(), put, now, quota, usage);
     let write = match &outcome {
-        PutOutcome::Written { record, .. } => Some(RowWrite::new(record, current.as_ref(), now)?),
+        PutOutcome::Written { record, .. } => {
+            Some(RowWrite::new(put, record, current.as_ref(), now)?)
+        }
         _ => None,
     };
     Ok((outcome, write))
@@ -116,25 +118,26 @@ fn decide(
 
 /// The row change of a written put, ready to bind: an insert when there
 /// was no record, else an update conditional on the revision read.
-struct RowWrite {
+/// Its key is the put's.
+struct RowWrite<'p> {
+    key: [&'p str; 3],
     value: String,
     visibility: &'static str,
     class: ClassColumns,
     now: i64,
     /// The revision an update expects; `None` for an insert.
     expected: Option<i64>,
-    owner: String,
-    namespace: String,
-    key: String,
 }
 
-impl RowWrite {
+impl<'p> RowWrite<'p> {
     fn new(
+        put: &'p Put,
         record: &MemoryRecord,
         current: Option<&MemoryRecord>,
         now: Timestamp,
     ) -> Result<Self, StoreError> {
         Ok(Self {
+            key: record_key(&put.owner, &put.namespace, &put.key),
             value: json_in(&record.value)?,
             visibility: record.visibility.as_str(),
             class: class_in(&record.class),
@@ -142,9 +145,6 @@ impl RowWrite {
             expected: current
                 .map(|c| u64_in(c.revision, "revision"))
                 .transpose()?,
-            owner: record.owner.as_str().to_owned(),
-            namespace: record.namespace.as_str().to_owned(),
-            key: record.key.as_str().to_owned(),
         })
     }
 
@@ -156,10 +156,11 @@ impl RowWrite {
     }
 
     fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
+        let [owner, namespace, key] = &self.key;
         let mut p: Vec<&(dyn ToSql + Sync)> = vec![
-            &self.owner,
-            &self.namespace,
-            &self.key,
+            owner,
+            namespace,
+            key,
             &self.value,
             &self.visibility,
             &self.class.class,
