@@ -31,11 +31,11 @@ use warden_core::ids::{AgentId, Key, Namespace};
 use warden_core::memory::Put;
 use warden_core::time::Timestamp;
 use warden_postgres::{PgOptions, PgStore};
-use warden_store::{AuditFn, PutOutcome, Store};
+use warden_store::{PutAuditFn, PutOutcome, Store};
 
 const ENV: &str = "WARDEN_TEST_DATABASE_URL";
 
-fn audit(resource: String) -> AuditFn<PutOutcome> {
+fn audit(resource: String) -> PutAuditFn {
     Box::new(move |outcome: &PutOutcome| {
         let (verdict, reason) = match outcome {
             PutOutcome::Written { .. } => (Verdict::Allow, "owner_write"),
@@ -45,7 +45,7 @@ fn audit(resource: String) -> AuditFn<PutOutcome> {
             time: Timestamp(1),
             subject: "bench".into(),
             operation: "memory.write".into(),
-            resource,
+            resource: resource.clone(),
             verdict,
             reason: reason.into(),
             policy_version: "bench-1".into(),

@@ -91,8 +91,14 @@
 //!   the predicted one, so it holds the lock for its insert and the commit
 //!   flush; a wrong prediction (another store moved the head) writes
 //!   nothing and the group is appended again under the lock (two round
-//!   trips and the flush), and predictions pause for a while. A group that runs statements holds the lock for
-//!   its whole transaction. Throughput
+//!   trips and the flush), and predictions pause for a while. A group that
+//!   runs statements holds the lock for its whole transaction; the lock
+//!   travels with its first statement. A group of puts only sends each
+//!   wave's row changes with the next wave's reads, and the last wave's
+//!   with the audit insert and the `COMMIT`, without savepoints (two round
+//!   trips after `BEGIN` for one wave): each change must change its row,
+//!   and if the server refuses any statement the whole group was rolled
+//!   back and runs again the careful way, one savepoint per put. Throughput
 //!   is about `groups in flight x group size / (lock hold)`; see
 //!   `BENCHMARKS.md` for measurements and `ARCHITECTURE.md` ("Past one
 //!   database") for the model. Reads never take the lock.

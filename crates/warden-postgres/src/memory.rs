@@ -6,13 +6,14 @@ use warden_core::ids::{AgentId, Key, Namespace};
 use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 use warden_store::{
-    AuditFn, Delete, DeleteOutcome, PutOutcome, StorageQuota, StoreError, Usage, decide_put,
+    AuditFn, Delete, DeleteOutcome, PutAuditFn, PutOutcome, StorageQuota, StoreError, Usage,
+    decide_put,
 };
 
 use tokio_postgres::types::ToSql;
 
 use crate::codec::{ClassColumns, class_in, json_in, record_out, u64_in, u64_out};
-use crate::pool::Tx;
+use crate::pool::{Stmt, Tx};
 
 use crate::sql;
 use crate::store::PgStore;
@@ -119,7 +120,7 @@ fn decide<'p>(
 /// The row change of a written put, ready to bind: an insert when there
 /// was no record, else an update conditional on the revision read.
 /// Its key is the put's.
-struct RowWrite<'p> {
+pub(crate) struct RowWrite<'p> {
     key: [&'p str; 3],
     value: String,
     visibility: &'static str,
@@ -155,7 +156,16 @@ impl<'p> RowWrite<'p> {
         }
     }
 
-    fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
+    /// The statement that must change one row, or fail
+    /// ([`sql::INSERT_RECORD_ONE`], [`sql::UPDATE_RECORD_ONE`]).
+    pub(crate) fn sql_one(&self) -> &'static str {
+        match self.expected {
+            None => sql::INSERT_RECORD_ONE,
+            Some(_) => sql::UPDATE_RECORD_ONE,
+        }
+    }
+
+    pub(crate) fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
         let [owner, namespace, key] = &self.key;
         let mut p: Vec<&(dyn ToSql + Sync)> = vec![
             owner,
@@ -264,26 +274,15 @@ pub(crate) async fn put_many(
         .iter()
         .map(|j| record_key(&j.put.owner, &j.put.namespace, &j.put.key))
         .collect();
-    let mut reads: Vec<(&'static str, Vec<&(dyn ToSql + Sync)>)> = Vec::new();
-    for (job, [owner, namespace, key]) in jobs.iter().zip(&keys) {
-        if !job.quota.is_unlimited() {
-            reads.push((sql::QUOTA_LOCK, vec![&QUOTA_LOCK_RECORDS, owner]));
-            reads.push((sql::OWNER_USAGE, vec![owner]));
-        }
-        reads.push((sql::SELECT_RECORD, vec![owner, namespace, key]));
+    let mut reads: Vec<Stmt<'_>> = Vec::new();
+    for (job, key) in jobs.iter().zip(&keys) {
+        push_reads(&mut reads, job, key);
     }
     let mut rows = tx.pipeline(&reads).await?.into_iter();
     let mut decided = Vec::with_capacity(jobs.len());
     let mut writes: Vec<(usize, RowWrite)> = Vec::new();
     for (i, job) in jobs.iter().enumerate() {
-        let read = if job.quota.is_unlimited() {
-            Read::unlimited(next_rows(&mut rows)?)
-        } else {
-            let _lock = next_rows(&mut rows)?;
-            let usage = next_rows(&mut rows)?;
-            Read::limited(usage, next_rows(&mut rows)?)
-        };
-        match decide(&job.put, job.now, job.quota, read) {
+        match decide_read(job, &mut rows)? {
             Ok((outcome, write)) => {
                 if let Some(write) = write {
                     writes.push((i, write));
@@ -305,6 +304,37 @@ pub(crate) async fn put_many(
         }
     }
     Ok(decided)
+}
+
+/// Push the statements that read what `job` is decided on, in the order
+/// [`decide_read`] takes their answers: the owner's quota lock (taken
+/// before anything is read) and usage when its quota is limited, then the
+/// record at `key`, the put's own.
+pub(crate) fn push_reads<'a>(out: &mut Vec<Stmt<'a>>, job: &PutJob, key: &'a [&'a str; 3]) {
+    let [owner, namespace, key] = key;
+    if !job.quota.is_unlimited() {
+        out.push((sql::QUOTA_LOCK, vec![&QUOTA_LOCK_RECORDS, owner]));
+        out.push((sql::OWNER_USAGE, vec![owner]));
+    }
+    out.push((sql::SELECT_RECORD, vec![owner, namespace, key]));
+}
+
+/// Decide `job` on the answers to its reads ([`push_reads`]), taken from
+/// `rows`: `Err` when an answer is missing, else the put's own decision
+/// (its error when it cannot be decided).
+#[allow(clippy::type_complexity)]
+pub(crate) fn decide_read<'p>(
+    job: &'p PutJob,
+    rows: &mut impl Iterator<Item = Vec<tokio_postgres::Row>>,
+) -> Result<Result<(PutOutcome, Option<RowWrite<'p>>), StoreError>, StoreError> {
+    let read = if job.quota.is_unlimited() {
+        Read::unlimited(next_rows(rows)?)
+    } else {
+        let _lock = next_rows(rows)?;
+        let usage = next_rows(rows)?;
+        Read::limited(usage, next_rows(rows)?)
+    };
+    Ok(decide(&job.put, job.now, job.quota, read))
 }
 
 fn next_rows(
@@ -362,7 +392,7 @@ pub(crate) async fn put_record(
     put: Put,
     now: Timestamp,
     quota: StorageQuota,
-    audit: AuditFn<PutOutcome>,
+    audit: PutAuditFn,
 ) -> Result<PutOutcome, StoreError> {
     store
         .inner

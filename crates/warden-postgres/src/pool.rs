@@ -206,6 +206,15 @@ impl Conn {
         Ok(n)
     }
 
+    /// Prepare `sqls` on this connection (those not prepared yet), outside
+    /// any transaction: a [`Tx::flight`] of them then sends each at once.
+    pub(crate) async fn prepare(&mut self, sqls: &[&'static str]) -> Result<(), StoreError> {
+        for sql in sqls {
+            self.stmts.get(&self.client, sql).await?;
+        }
+        Ok(())
+    }
+
     /// Start a read-committed transaction (the isolation level every write
     /// path is designed for, whatever the server's default).
     pub(crate) async fn begin(&mut self) -> Result<Tx<'_>, StoreError> {
@@ -236,7 +245,8 @@ impl Conn {
         Ok(Tx {
             tx,
             stmts: &mut self.stmts,
-            savepoint: None,
+            prefix: Prefix::default(),
+            head: None,
         })
     }
 }
@@ -246,20 +256,42 @@ impl Conn {
 pub(crate) struct Tx<'c> {
     tx: tokio_postgres::Transaction<'c>,
     stmts: &'c mut StmtCache,
-    /// A `SAVEPOINT` statement not sent yet: it travels with the next
-    /// statement (see [`Tx::savepoint`]).
+    /// Statements not sent yet: they travel with the next statement.
+    prefix: Prefix,
+    /// The answer to the head-row lock [`Tx::lock_head`] asked for, once
+    /// it was sent.
+    head: Option<Result<Option<Row>, tokio_postgres::Error>>,
+}
+
+/// What travels with a transaction's next statement, in this order: the
+/// row lock ([`Tx::lock_row`]), then a savepoint ([`Tx::savepoint`]).
+/// The lock comes first so that rolling back to the savepoint keeps it.
+#[derive(Default)]
+struct Prefix {
+    /// The prepared head-lock statement.
+    lock: Option<Statement>,
+    /// A `SAVEPOINT` statement.
     savepoint: Option<&'static str>,
 }
 
-/// Send `savepoint` (if any) and await it, pipelined with `f`: both are
-/// sent before either answer is awaited (a request is sent when its future
-/// is first polled, and `join!` polls in order).
-async fn after_savepoint<T>(
+/// Send `prefix` and then `f`'s statements, pipelined: all are sent before
+/// any answer is awaited (a request is sent when its future is first
+/// polled, and `join!` polls in order), and run in that order. The answer
+/// to a head lock sent here is left in `head`, whatever became of `f`.
+async fn after_prefix<T>(
     tx: &tokio_postgres::Transaction<'_>,
-    savepoint: Option<&'static str>,
+    prefix: Prefix,
+    head: &mut Option<Result<Option<Row>, tokio_postgres::Error>>,
     f: impl Future<Output = Result<T, tokio_postgres::Error>>,
 ) -> Result<T, tokio_postgres::Error> {
-    let (saved, result) = tokio::join!(
+    let Prefix { lock, savepoint } = prefix;
+    let (locked, saved, result) = tokio::join!(
+        async {
+            match &lock {
+                Some(stmt) => Some(tx.query_opt(stmt, &[]).await),
+                None => None,
+            }
+        },
         async {
             match savepoint {
                 Some(sql) => tx.batch_execute(sql).await,
@@ -268,6 +300,9 @@ async fn after_savepoint<T>(
         },
         f
     );
+    if locked.is_some() {
+        *head = locked;
+    }
     saved?;
     result
 }
@@ -299,23 +334,197 @@ async fn in_order<F: Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
     done.into_iter().flatten().collect()
 }
 
+/// A statement and its parameters.
+pub(crate) type Stmt<'a> = (&'static str, Vec<&'a (dyn ToSql + Sync)>);
+
+/// What a flight of pipelined statements ([`Tx::flight`],
+/// [`Tx::flight_commit`]) came to.
+pub(crate) enum Flight<T> {
+    /// Every statement (and the `COMMIT`, if any) succeeded.
+    Answered(T),
+    /// The server refused a statement (or the `COMMIT`): the transaction
+    /// is aborted, and rolled back if a `COMMIT` followed; nothing of it
+    /// is or will be committed.
+    Refused(StoreError),
+    /// A statement got no answer from the server (the connection failed):
+    /// what the server did with the flight is not known.
+    Unknown(StoreError),
+}
+
+impl<T> Flight<T> {
+    pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> Flight<U> {
+        match self {
+            Flight::Answered(v) => Flight::Answered(f(v)),
+            Flight::Refused(e) => Flight::Refused(e),
+            Flight::Unknown(e) => Flight::Unknown(e),
+        }
+    }
+}
+
+/// Classify the answers of a flight, in the order sent: any statement the
+/// server refused (an error with an SQLSTATE) aborted the transaction,
+/// whatever became of the others; otherwise the first error is one the
+/// server did not answer.
+fn classify<T>(answers: Vec<Result<T, tokio_postgres::Error>>) -> Flight<Vec<T>> {
+    let mut values = Vec::with_capacity(answers.len());
+    let mut unanswered = None;
+    for answer in answers {
+        match answer {
+            Ok(v) => values.push(v),
+            Err(e) if e.code().is_some() => return Flight::Refused(crate::error::db(e)),
+            Err(e) => {
+                unanswered.get_or_insert(e);
+            }
+        }
+    }
+    match unanswered {
+        Some(e) => Flight::Unknown(crate::error::db(e)),
+        None => Flight::Answered(values),
+    }
+}
+
 impl Tx<'_> {
+    /// Send the waiting prefix (a row lock; no savepoint) and `stmts`,
+    /// pipelined: one round trip. The statements must have been prepared
+    /// ([`Conn::prepare`]); one that was not is prepared first.
+    pub(crate) async fn flight(&mut self, stmts: &[Stmt<'_>]) -> Flight<Vec<Vec<Row>>> {
+        let prepared = match self.prepare_all(stmts).await {
+            Ok(p) => p,
+            Err(e) => return Flight::Unknown(e),
+        };
+        let Prefix { lock, savepoint } = std::mem::take(&mut self.prefix);
+        let tx = &self.tx;
+        self.stmts.in_flight = true;
+        let (locked, saved, answers) = tokio::join!(
+            async {
+                match &lock {
+                    Some(stmt) => Some(tx.query_opt(stmt, &[]).await),
+                    None => None,
+                }
+            },
+            async {
+                match savepoint {
+                    Some(sql) => tx.batch_execute(sql).await,
+                    None => Ok(()),
+                }
+            },
+            in_order(
+                prepared
+                    .iter()
+                    .zip(stmts)
+                    .map(|(s, (_, p))| tx.query(s, p.as_slice()))
+            )
+        );
+        self.stmts.in_flight = false;
+        let mut head = None;
+        let mut prefix = Vec::new();
+        if let Some(locked) = locked {
+            match locked {
+                Ok(row) => head = Some(Ok(row)),
+                Err(e) => prefix.push(Err(e)),
+            }
+        }
+        prefix.push(saved.map(|()| Vec::<Row>::new()));
+        let flight = match classify(prefix) {
+            Flight::Answered(_) => classify(answers),
+            other => other.map(|_| Vec::new()),
+        };
+        if let Some(head) = head {
+            self.head = Some(head);
+        }
+        flight
+    }
+
+    /// [`Tx::flight`] of `stmts` followed by `COMMIT`, pipelined: one round
+    /// trip for the statements and the commit. `Answered` means every
+    /// statement succeeded and the commit is durable; `Refused`, that the
+    /// transaction was rolled back.
+    pub(crate) async fn flight_commit(mut self, stmts: &[Stmt<'_>]) -> Flight<Vec<Vec<Row>>> {
+        let prepared = match self.prepare_all(stmts).await {
+            Ok(p) => p,
+            Err(e) => return Flight::Unknown(e),
+        };
+        // Nothing waits in the prefix here: the head lock went with the
+        // group's first flight, and no savepoint is opened.
+        let Tx {
+            tx, stmts: cache, ..
+        } = self;
+        cache.in_flight = true;
+        let (answers, committed) = tokio::join!(
+            in_order(
+                prepared
+                    .iter()
+                    .zip(stmts)
+                    .map(|(s, (_, p))| tx.query(s, p.as_slice()))
+            ),
+            tx.batch_execute("COMMIT")
+        );
+        cache.in_flight = false;
+        // The `COMMIT` ended the transaction either way (see
+        // `Tx::execute_and_commit`).
+        std::mem::forget(tx);
+        match classify(answers) {
+            Flight::Answered(rows) => match committed {
+                Ok(()) => Flight::Answered(rows),
+                Err(e) if e.code().is_some() => Flight::Refused(crate::error::db(e)),
+                Err(e) => Flight::Unknown(crate::error::db(e)),
+            },
+            other => other,
+        }
+    }
+
     /// Open a savepoint (`sql` is its `SAVEPOINT` statement) with the next
     /// statement, pipelined, rather than in a round trip of its own. Until
     /// a statement runs there is nothing to roll back to:
     /// [`Tx::rollback_to`] then sends nothing.
     pub(crate) fn savepoint(&mut self, sql: &'static str) {
-        self.savepoint = Some(sql);
+        self.prefix.savepoint = Some(sql);
     }
 
     /// Roll back to the savepoint [`Tx::savepoint`] opened (`sql` is the
     /// `ROLLBACK TO SAVEPOINT` statement); nothing to do if no statement
     /// ran since.
     pub(crate) async fn rollback_to(&mut self, sql: &'static str) -> Result<(), StoreError> {
-        if self.savepoint.take().is_some() {
+        if self.prefix.savepoint.take().is_some() {
             return Ok(());
         }
         self.simple(sql).await
+    }
+
+    /// Ask for the row lock of `lock_sql` (a `SELECT ... FOR UPDATE` of one
+    /// row): it is sent with the next statement, ahead of it, rather than
+    /// in a round trip of its own, and [`Tx::locked_row`] returns the row.
+    pub(crate) async fn lock_row(&mut self, lock_sql: &'static str) -> Result<(), StoreError> {
+        let stmt = self.stmts.get(&self.tx, lock_sql).await?;
+        self.prefix.lock = Some(stmt);
+        Ok(())
+    }
+
+    /// The row [`Tx::lock_row`] locked (`None`: there is no such row),
+    /// sending the lock now if no statement has carried it yet.
+    pub(crate) async fn locked_row(&mut self) -> Result<Option<Row>, StoreError> {
+        if self.prefix.lock.is_some() {
+            self.simple_prefix().await?;
+        }
+        match self.head.take() {
+            Some(answer) => answer.db(),
+            None => Err(StoreError::backend(
+                "no row lock was asked for in this transaction",
+            )),
+        }
+    }
+
+    /// Send what waits in the prefix, with no statement after it.
+    async fn simple_prefix(&mut self) -> Result<(), StoreError> {
+        let prefix = std::mem::take(&mut self.prefix);
+        self.stmts
+            .exchange(after_prefix(
+                &self.tx,
+                prefix,
+                &mut self.head,
+                std::future::ready(Ok(())),
+            ))
+            .await
     }
 
     pub(crate) async fn query(
@@ -324,11 +533,12 @@ impl Tx<'_> {
         params: Params<'_>,
     ) -> Result<Vec<Row>, StoreError> {
         let stmt = self.stmts.get(&self.tx, sql).await?;
-        let savepoint = self.savepoint.take();
+        let prefix = std::mem::take(&mut self.prefix);
         self.stmts
-            .exchange(after_savepoint(
+            .exchange(after_prefix(
                 &self.tx,
-                savepoint,
+                prefix,
+                &mut self.head,
                 self.tx.query(&stmt, params),
             ))
             .await
@@ -346,10 +556,10 @@ impl Tx<'_> {
         let sa = self.stmts.get(&self.tx, a.0).await?;
         let sb = self.stmts.get(&self.tx, b.0).await?;
         let sc = self.stmts.get(&self.tx, c.0).await?;
-        let savepoint = self.savepoint.take();
+        let prefix = std::mem::take(&mut self.prefix);
         let tx = &self.tx;
         self.stmts
-            .exchange(after_savepoint(tx, savepoint, async {
+            .exchange(after_prefix(tx, prefix, &mut self.head, async {
                 let (ra, rb, rc) =
                     tokio::join!(tx.query(&sa, a.1), tx.query(&sb, b.1), tx.query(&sc, c.1));
                 Ok([ra?, rb?, rc?])
@@ -366,14 +576,14 @@ impl Tx<'_> {
         stmts: &[(&'static str, Vec<&(dyn ToSql + Sync)>)],
     ) -> Result<Vec<Vec<Row>>, StoreError> {
         let prepared = self.prepare_all(stmts).await?;
-        let savepoint = self.savepoint.take();
+        let prefix = std::mem::take(&mut self.prefix);
         let tx = &self.tx;
         let sent = prepared
             .iter()
             .zip(stmts)
             .map(|(s, (_, p))| tx.query(s, p.as_slice()));
         self.stmts
-            .exchange(after_savepoint(tx, savepoint, async {
+            .exchange(after_prefix(tx, prefix, &mut self.head, async {
                 in_order(sent).await.into_iter().collect()
             }))
             .await
@@ -385,23 +595,20 @@ impl Tx<'_> {
         stmts: &[(&'static str, Vec<&(dyn ToSql + Sync)>)],
     ) -> Result<Vec<u64>, StoreError> {
         let prepared = self.prepare_all(stmts).await?;
-        let savepoint = self.savepoint.take();
+        let prefix = std::mem::take(&mut self.prefix);
         let tx = &self.tx;
         let sent = prepared
             .iter()
             .zip(stmts)
             .map(|(s, (_, p))| tx.execute(s, p.as_slice()));
         self.stmts
-            .exchange(after_savepoint(tx, savepoint, async {
+            .exchange(after_prefix(tx, prefix, &mut self.head, async {
                 in_order(sent).await.into_iter().collect()
             }))
             .await
     }
 
-    async fn prepare_all(
-        &mut self,
-        stmts: &[(&'static str, Vec<&(dyn ToSql + Sync)>)],
-    ) -> Result<Vec<Statement>, StoreError> {
+    async fn prepare_all(&mut self, stmts: &[Stmt<'_>]) -> Result<Vec<Statement>, StoreError> {
         let mut prepared = Vec::with_capacity(stmts.len());
         for (sql, _) in stmts {
             prepared.push(self.stmts.get(&self.tx, sql).await?);
@@ -415,11 +622,12 @@ impl Tx<'_> {
         params: Params<'_>,
     ) -> Result<Option<Row>, StoreError> {
         let stmt = self.stmts.get(&self.tx, sql).await?;
-        let savepoint = self.savepoint.take();
+        let prefix = std::mem::take(&mut self.prefix);
         self.stmts
-            .exchange(after_savepoint(
+            .exchange(after_prefix(
                 &self.tx,
-                savepoint,
+                prefix,
+                &mut self.head,
                 self.tx.query_opt(&stmt, params),
             ))
             .await
@@ -431,11 +639,12 @@ impl Tx<'_> {
         params: Params<'_>,
     ) -> Result<u64, StoreError> {
         let stmt = self.stmts.get(&self.tx, sql).await?;
-        let savepoint = self.savepoint.take();
+        let prefix = std::mem::take(&mut self.prefix);
         self.stmts
-            .exchange(after_savepoint(
+            .exchange(after_prefix(
                 &self.tx,
-                savepoint,
+                prefix,
+                &mut self.head,
                 self.tx.execute(&stmt, params),
             ))
             .await
@@ -449,11 +658,12 @@ impl Tx<'_> {
 
     /// Run a simple statement without parameters (savepoints).
     pub(crate) async fn simple(&mut self, sql: &'static str) -> Result<(), StoreError> {
-        let savepoint = self.savepoint.take();
+        let prefix = std::mem::take(&mut self.prefix);
         self.stmts
-            .exchange(after_savepoint(
+            .exchange(after_prefix(
                 &self.tx,
-                savepoint,
+                prefix,
+                &mut self.head,
                 self.tx.batch_execute(sql),
             ))
             .await

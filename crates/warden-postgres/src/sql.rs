@@ -47,6 +47,22 @@ pub const INSERT_RECORD: &str = "INSERT INTO memory \
 pub const UPDATE_RECORD: &str = "UPDATE memory SET value = $4, visibility = $5, class = $6, \
      combine = $7, grants = $8, expires_at = $9, revision = revision + 1, updated_at = $10 \
      WHERE owner = $1 AND namespace = $2 AND key = $3 AND revision = $11";
+/// [`INSERT_RECORD`] that must create the row, for a group whose `COMMIT`
+/// is sent with its row changes ([`crate::writer`]): creating none divides
+/// by zero, which fails the statement and with it the transaction, so that
+/// the group is never committed without one of its changes.
+pub const INSERT_RECORD_ONE: &str = "WITH written AS (INSERT INTO memory \
+     (owner, namespace, key, value, visibility, class, combine, grants, expires_at, \
+      revision, created_at, updated_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1, $10, $10) \
+     ON CONFLICT (owner, namespace, key) DO NOTHING RETURNING 1) \
+     SELECT 1 / count(*)::int FROM written";
+/// [`UPDATE_RECORD`] that must change the row, as [`INSERT_RECORD_ONE`].
+pub const UPDATE_RECORD_ONE: &str = "WITH written AS (UPDATE memory SET value = $4, \
+     visibility = $5, class = $6, combine = $7, grants = $8, expires_at = $9, \
+     revision = revision + 1, updated_at = $10 \
+     WHERE owner = $1 AND namespace = $2 AND key = $3 AND revision = $11 RETURNING 1) \
+     SELECT 1 / count(*)::int FROM written";
 pub const DELETE_RECORD: &str = "DELETE FROM memory \
      WHERE owner = $1 AND namespace = $2 AND key = $3 RETURNING revision";
 pub const DELETE_RECORD_AT: &str = "DELETE FROM memory \

@@ -12,10 +12,10 @@ use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
 use warden_store::{
     AuditFn, CreateRun, CreateSession, Delete, DeleteOutcome, EnvelopeImport, EscalationRecord,
-    EscalationResolution, EscalationStatus, EscalationTarget, PutEnvelope, PutEscalation,
-    PutOutcome, RecordStep, ResolveEscalation, RunRecord, RunState, RunsInFlight, SessionHead,
-    SessionRecord, SessionState, SessionUpdate, StepOutcome, StorageQuota, Store, StoreError,
-    StoredAgent, TokenRecord, UpdateSession, Usage,
+    EscalationResolution, EscalationStatus, EscalationTarget, PutAuditFn, PutEnvelope,
+    PutEscalation, PutOutcome, RecordStep, ResolveEscalation, RunRecord, RunState, RunsInFlight,
+    SessionHead, SessionRecord, SessionState, SessionUpdate, StepOutcome, StorageQuota, Store,
+    StoreError, StoredAgent, TokenRecord, UpdateSession, Usage,
 };
 
 use crate::store::PgStore;
@@ -85,7 +85,7 @@ impl Store for PgStore {
         put: Put,
         now: Timestamp,
         quota: StorageQuota,
-        audit: AuditFn<PutOutcome>,
+        audit: PutAuditFn,
     ) -> Result<PutOutcome, StoreError> {
         crate::memory::put_record(self, put, now, quota, audit).await
     }

@@ -44,26 +44,27 @@ impl Tx<'_> {
     /// broke the cycle). The price: such groups run one at a time across
     /// the deployment, their statements under the lock; audit-only groups
     /// (reads, denials) take it for their append alone.
-    pub(crate) async fn lock_head(&mut self) -> Result<ChainHead, StoreError> {
-        let row = self
-            .query_opt(sql::LOCK_HEAD, &[])
-            .await?
-            .ok_or_else(missing_head)?;
-        head_out(&row)
+    ///
+    /// The lock is sent with the group's first statement, ahead of it
+    /// ([`Tx::lock_row`]): the lock is held from there, and the answer to
+    /// the first statement is the first the group waits for under it, one
+    /// round trip fewer than a lock of its own would hold it.
+    pub(crate) async fn lock_head(&mut self) -> Result<(), StoreError> {
+        self.lock_row(sql::LOCK_HEAD).await
     }
 
     /// The end of a writer's group transaction, whose head row lock
-    /// [`Tx::lock_head`] took (returning `head`): record `changes` in
-    /// order, seal `drafts` after the head and insert them with the new
-    /// head, and commit (the insert and the `COMMIT` pipelined). Returns
-    /// the head before the append and the head after each draft, in order.
+    /// [`Tx::lock_head`] asked for: record `changes` in order, seal
+    /// `drafts` after the head and insert them with the new head, and
+    /// commit (the insert and the `COMMIT` pipelined). Returns the head
+    /// before the append and the head after each draft, in order.
     pub(crate) async fn seal_and_commit(
         mut self,
-        head: ChainHead,
         drafts: Vec<AuditDraft>,
         changes: Vec<ChangeRec>,
         channel: &str,
     ) -> Result<(ChainHead, Vec<ChainHead>), StoreError> {
+        let head = head_out(&self.locked_row().await?.ok_or_else(missing_head)?)?;
         for change in changes {
             let ids: Vec<String> = change.ids.iter().map(|s| text_in(s).into_owned()).collect();
             self.query(sql::RECORD_CHANGE, &[&change.kind.as_str(), &ids, &channel])

@@ -64,11 +64,12 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::Config;
 use warden_core::audit::{AuditDraft, ChainHead};
-use warden_store::{AuditFn, PutOutcome, StoreError};
+use warden_store::{PutAuditFn, PutOutcome, StoreError};
 
-use crate::memory::{Batched, PutJob, put_many};
-use crate::pool::{self, Conn, Tx};
-use crate::tx::{ChangeRec, Predicted};
+use crate::memory::{Batched, PutJob, RowWrite, decide_read, push_reads, put_many};
+use crate::pool::{self, Conn, Flight, Stmt, Tx};
+use crate::sql;
+use crate::tx::{ChangeRec, Predicted, Sealed, head_out, missing_head, record_key};
 
 /// What a job leaves: its value, its audit drafts, its change record.
 pub(crate) struct Done<R> {
@@ -257,7 +258,7 @@ where
 /// of puts of distinct owners together (see [`run_puts`]).
 pub(crate) struct PutOp {
     job: PutJob,
-    audit: AuditFn<PutOutcome>,
+    audit: PutAuditFn,
     reply: Reply<PutOutcome>,
 }
 
@@ -464,7 +465,7 @@ impl Writers {
     pub(crate) async fn put(
         &self,
         job: PutJob,
-        audit: AuditFn<PutOutcome>,
+        audit: PutAuditFn,
     ) -> Result<PutOutcome, StoreError> {
         let (reply, answer) = oneshot::channel();
         let owner = job.owner().to_owned();
@@ -553,6 +554,14 @@ async fn run_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>, channel: &str, hint
     if jobs.iter().all(|j| !j.statements()) {
         return audit_group(conn, jobs, hint).await;
     }
+    let jobs = if jobs.iter().all(|j| j.put_owner().is_some()) {
+        match put_group(conn, jobs, hint).await {
+            Some(again) => again,
+            None => return,
+        }
+    } else {
+        jobs
+    };
     let mut tx = match conn.begin().await {
         Ok(tx) => tx,
         Err(e) => {
@@ -563,18 +572,16 @@ async fn run_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>, channel: &str, hint
             return;
         }
     };
-    // The head lock first: see `Tx::lock_head`.
-    let head = match tx.lock_head().await {
-        Ok(head) => head,
-        Err(e) => {
-            drop(tx);
-            let e = Arc::new(e);
-            for job in jobs {
-                job.fail(StoreError::fan_out(&e));
-            }
-            return;
+    // The head lock first, sent with the first statement: see
+    // `Tx::lock_head`.
+    if let Err(e) = tx.lock_head().await {
+        drop(tx);
+        let e = Arc::new(e);
+        for job in jobs {
+            job.fail(StoreError::fan_out(&e));
         }
-    };
+        return;
+    }
     let mut done = Group {
         answers: Vec::with_capacity(jobs.len()),
         drafts: Vec::new(),
@@ -618,7 +625,7 @@ async fn run_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>, channel: &str, hint
             Err(Arc::new(e))
         }
         None => tx
-            .seal_and_commit(head, drafts, changes, channel)
+            .seal_and_commit(drafts, changes, channel)
             .await
             .map_err(Arc::new),
     };
@@ -775,6 +782,211 @@ async fn run_puts(tx: &mut Tx<'_>, mut run: Vec<PutOp>, done: &mut Group) -> Res
         }
     }
     Ok(())
+}
+
+/// A group of puts only, pipelined ([`pipelined_puts`]) and answered;
+/// when the server refused one of its statements (nothing was committed),
+/// its jobs are handed back to run the careful way, each put in its own
+/// savepoint.
+async fn put_group(
+    conn: &mut Conn,
+    jobs: Vec<Box<dyn Job>>,
+    hint: &HeadHint,
+) -> Option<Vec<Box<dyn Job>>> {
+    let mut ops = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        match job.into_put() {
+            Ok(op) => ops.push(op),
+            Err(job) => job.fail(StoreError::backend("a job named an owner and was no put")),
+        }
+    }
+    match pipelined_puts(conn, &ops).await {
+        Flight::Answered(done) => {
+            let PutsDone {
+                results,
+                base,
+                heads,
+            } = done;
+            hint.set(Some(heads.last().copied().unwrap_or(base)));
+            for (op, (result, end)) in ops.into_iter().zip(results) {
+                let head = end
+                    .checked_sub(1)
+                    .and_then(|i| heads.get(i).copied())
+                    .unwrap_or(base);
+                // The caller may have gone away; the outcome stands.
+                let _ = op.reply.send(result.map(|outcome| (outcome, head)));
+            }
+            None
+        }
+        Flight::Refused(_) => Some(
+            ops.into_iter()
+                .map(|op| Box::new(op) as Box<dyn Job>)
+                .collect(),
+        ),
+        Flight::Unknown(e) => {
+            hint.set(None);
+            let e = Arc::new(e);
+            for op in ops {
+                Box::new(op).fail(StoreError::fan_out(&e));
+            }
+            None
+        }
+    }
+}
+
+/// What a committed group of puts decided: for each put, in the order
+/// given, its outcome (or the error it alone failed with) and the number
+/// of the group's drafts up to and including its own; the head before the
+/// group's drafts and after each.
+struct PutsDone {
+    results: Vec<(Result<PutOutcome, StoreError>, usize)>,
+    base: ChainHead,
+    heads: Vec<ChainHead>,
+}
+
+/// Decide and commit puts in waves (as [`run_segment`]), every statement
+/// pipelined, no savepoint: the head lock with the first wave's reads,
+/// each wave's row changes with the next wave's reads, and the last
+/// wave's row changes with the group's audit entries and the `COMMIT`. A
+/// group of one wave takes two round trips after its `BEGIN`, and holds
+/// the head lock for one and the commit's flush, where a savepoint per
+/// wave and a round trip for its reads, its changes and the commit hold
+/// it for three.
+///
+/// Every row change must change its row ([`RowWrite::sql_one`]): one that
+/// lost a race, like any statement the server refuses, rolls the group
+/// back (`Flight::Refused`), and the caller runs it again the careful way,
+/// where a put that fails fails alone. A put's audit entries are drafted
+/// before its change is known to have been made, which is why a put's
+/// audit may be called once per attempt ([`PutAuditFn`]).
+async fn pipelined_puts(conn: &mut Conn, ops: &[PutOp]) -> Flight<PutsDone> {
+    if let Err(e) = conn
+        .prepare(&[
+            sql::LOCK_HEAD,
+            sql::QUOTA_LOCK,
+            sql::OWNER_USAGE,
+            sql::SELECT_RECORD,
+            sql::INSERT_RECORD_ONE,
+            sql::UPDATE_RECORD_ONE,
+            sql::APPEND,
+        ])
+        .await
+    {
+        return Flight::Unknown(e);
+    }
+    let mut tx = match conn.begin().await {
+        Ok(tx) => tx,
+        Err(e) => return Flight::Unknown(e),
+    };
+    if let Err(e) = tx.lock_head().await {
+        return Flight::Unknown(e);
+    }
+    let keys: Vec<[&str; 3]> = ops
+        .iter()
+        .map(|op| record_key(&op.job.put.owner, &op.job.put.namespace, &op.job.put.key))
+        .collect();
+    let mut results: Vec<Option<Result<PutOutcome, StoreError>>> =
+        ops.iter().map(|_| None).collect();
+    let mut order: Vec<usize> = Vec::with_capacity(ops.len());
+    let mut writes: Vec<RowWrite<'_>> = Vec::new();
+    for wave in waves(ops.iter().map(|op| op.job.owner())) {
+        let rows = {
+            let mut stmts: Vec<Stmt<'_>> =
+                writes.iter().map(|w| (w.sql_one(), w.params())).collect();
+            let changes = stmts.len();
+            for &i in &wave {
+                if let (Some(op), Some(key)) = (ops.get(i), keys.get(i)) {
+                    push_reads(&mut stmts, &op.job, key);
+                }
+            }
+            match tx.flight(&stmts).await {
+                Flight::Answered(rows) => rows.into_iter().skip(changes),
+                Flight::Refused(e) => return Flight::Refused(e),
+                Flight::Unknown(e) => return Flight::Unknown(e),
+            }
+        };
+        let mut rows = rows;
+        writes.clear();
+        for &i in &wave {
+            let (Some(op), Some(slot)) = (ops.get(i), results.get_mut(i)) else {
+                continue;
+            };
+            match decide_read(&op.job, &mut rows) {
+                Ok(Ok((outcome, write))) => {
+                    writes.extend(write);
+                    *slot = Some(Ok(outcome));
+                }
+                Ok(Err(e)) => *slot = Some(Err(e)),
+                // An answer missing from the flight: the transaction is
+                // dropped (rolled back), nothing is acknowledged.
+                Err(e) => return Flight::Unknown(e),
+            }
+            order.push(i);
+        }
+    }
+    let row = match tx.locked_row().await {
+        Ok(Some(row)) => row,
+        Ok(None) => return Flight::Unknown(missing_head()),
+        Err(e) => return Flight::Unknown(e),
+    };
+    let base = match head_out(&row) {
+        Ok(head) => head,
+        Err(e) => return Flight::Unknown(e),
+    };
+    let mut drafts = Vec::new();
+    let mut ends = vec![0; ops.len()];
+    for &i in &order {
+        if let (Some(op), Some(Some(Ok(outcome)))) = (ops.get(i), results.get(i)) {
+            drafts.extend((op.audit)(outcome));
+        }
+        if let Some(end) = ends.get_mut(i) {
+            *end = drafts.len();
+        }
+    }
+    let sealed = match drafts.is_empty() {
+        true => None,
+        // Nothing was committed: the transaction is dropped, and the
+        // careful way meets the same error for the jobs alone.
+        false => match Sealed::new(base, &drafts) {
+            Ok(sealed) => Some(sealed),
+            Err(e) => return Flight::Refused(e),
+        },
+    };
+    let mut stmts: Vec<Stmt<'_>> = writes.iter().map(|w| (w.sql_one(), w.params())).collect();
+    if let Some(sealed) = &sealed {
+        stmts.push((sql::APPEND, sealed.params().to_vec()));
+    }
+    tx.flight_commit(&stmts).await.map(|_| PutsDone {
+        results: results
+            .into_iter()
+            .zip(ends)
+            .map(|(result, end)| {
+                let result = result
+                    .unwrap_or_else(|| Err(StoreError::backend("a put of the group was not run")));
+                (result, end)
+            })
+            .collect(),
+        base,
+        heads: sealed.map(|s| s.heads).unwrap_or_default(),
+    })
+}
+
+/// The waves of a run of puts whose owners are `owners`: the positions of
+/// each owner's first put, then of each owner's second, and so on.
+fn waves<'a>(owners: impl Iterator<Item = &'a str>) -> Vec<Vec<usize>> {
+    let mut waves: Vec<Vec<usize>> = Vec::new();
+    let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for (i, owner) in owners.enumerate() {
+        let n = seen.entry(owner).or_insert(0);
+        if *n == waves.len() {
+            waves.push(Vec::new());
+        }
+        if let Some(w) = waves.get_mut(*n) {
+            w.push(i);
+        }
+        *n += 1;
+    }
+    waves
 }
 
 /// A group of audit-only jobs: one round trip on the predicted head (see

@@ -3,7 +3,7 @@
 //! (whoever made the decision: engine, quota or authentication).
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use warden_core::audit::{AuditDraft, ChainHead};
 use warden_core::decision::Subject;
@@ -14,10 +14,10 @@ use warden_core::memory::Put;
 use warden_core::time::Timestamp;
 use warden_store::{
     AuditFn, ConsumedEscalation, CreateRun, CreateSession, Delete, DeleteOutcome, EnvelopeImport,
-    EscalationRecord, EscalationResolution, EscalationTarget, PutEnvelope, PutEscalation,
-    PutOutcome, RecordStep, ResolveEscalation, RunRecord, RunsInFlight, SessionState,
-    SessionUpdate, StepOutcome, StorageQuota, Store, StoreError, StoredAgent, TokenRecord,
-    UpdateSession,
+    EscalationRecord, EscalationResolution, EscalationTarget, PutAuditFn, PutEnvelope,
+    PutEscalation, PutOutcome, RecordStep, ResolveEscalation, RunRecord, RunsInFlight,
+    SessionState, SessionUpdate, StepOutcome, StorageQuota, Store, StoreError, StoredAgent,
+    TokenRecord, UpdateSession,
 };
 
 use crate::metrics::Metrics;
@@ -141,10 +141,25 @@ impl<S: Store> Store for Metered<S> {
         put: Put,
         now: Timestamp,
         quota: StorageQuota,
-        audit: AuditFn<PutOutcome>,
+        audit: PutAuditFn,
     ) -> Result<PutOutcome, StoreError> {
-        let audit = self.counted(audit);
-        self.inner.put_record(put, now, quota, audit).await
+        // A put's audit may be called once per attempt (`PutAuditFn`): the
+        // drafts of the last one are counted, once the put has committed.
+        let last: Arc<Mutex<Vec<AuditDraft>>> = Arc::default();
+        let slot = Arc::clone(&last);
+        let audit: PutAuditFn = Box::new(move |outcome| {
+            let drafts = audit(outcome);
+            if let Ok(mut slot) = slot.lock() {
+                slot.clone_from(&drafts);
+            }
+            drafts
+        });
+        let r = self.inner.put_record(put, now, quota, audit).await;
+        let drafts = last
+            .lock()
+            .map(|mut d| std::mem::take(&mut *d))
+            .unwrap_or_default();
+        self.after(r, &drafts)
     }
 
     async fn delete_record(

@@ -15,8 +15,8 @@ use warden_core::time::Timestamp;
 use warden_store::{
     AuditFn, CreateRun, CreateSession, Delete, DeleteOutcome, Entity, EnvelopeImport,
     EscalationRecord, EscalationResolution, EscalationStatus, EscalationTarget, HeadAnchor,
-    PutEnvelope, PutEscalation, PutOutcome, RecordStep, ResolveEscalation, RunRecord, RunState,
-    RunsInFlight, SessionHead, SessionRecord, SessionState, SessionUpdate, StepOutcome,
+    PutAuditFn, PutEnvelope, PutEscalation, PutOutcome, RecordStep, ResolveEscalation, RunRecord,
+    RunState, RunsInFlight, SessionHead, SessionRecord, SessionState, SessionUpdate, StepOutcome,
     StorageQuota, Store, StoreError, StoredAgent, TokenRecord, UpdateSession, Usage, VerifyError,
     VerifyReport,
 };
@@ -444,7 +444,7 @@ impl Store for SqliteStore {
         put: Put,
         now: Timestamp,
         quota: StorageQuota,
-        audit: AuditFn<PutOutcome>,
+        audit: PutAuditFn,
     ) -> Result<PutOutcome, StoreError> {
         self.write(move |tx| {
             let outcome = put_in(tx, put, now, quota)?;

@@ -204,7 +204,7 @@ macro_rules! __forward_one {
             put: $crate::__core::memory::Put,
             now: $crate::__core::time::Timestamp,
             quota: $crate::StorageQuota,
-            audit: $crate::AuditFn<$crate::PutOutcome>,
+            audit: $crate::PutAuditFn,
         ) -> Result<$crate::PutOutcome, $crate::StoreError> {
             $crate::__forward_call!(self, $how, put_record(put, now, quota, audit))
         }

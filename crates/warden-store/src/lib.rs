@@ -74,6 +74,15 @@ pub use warden_core as __core;
 /// audit entries committed with it.
 pub type AuditFn<T> = Box<dyn FnOnce(&T) -> Vec<AuditDraft> + Send>;
 
+/// The [`AuditFn`] of a put ([`Store::put_record`]), which may be called
+/// more than once: a backend may decide a put in a transaction that it
+/// then rolls back and decide it again in another (PostgreSQL's writers
+/// send a group's row changes, audit entries and `COMMIT` together, and run
+/// the group again one put at a time if a statement failed). Each call
+/// gets the outcome of one attempt; only the drafts of the attempt that
+/// commits are recorded.
+pub type PutAuditFn = Box<dyn Fn(&PutOutcome) -> Vec<AuditDraft> + Send + Sync>;
+
 /// An [`AuditFn`] for [`Store::create_run`] that appends `drafts` when the
 /// run is created and nothing otherwise (an existing run, a refusal).
 pub fn audit_if_created(drafts: Vec<AuditDraft>) -> AuditFn<CreateRun> {
@@ -161,7 +170,7 @@ pub trait Store: Send + Sync + 'static {
         put: Put,
         now: Timestamp,
         quota: StorageQuota,
-        audit: AuditFn<PutOutcome>,
+        audit: PutAuditFn,
     ) -> impl Future<Output = Result<PutOutcome, StoreError>> + Send;
 
     /// Delete one record, optionally only at an expected revision.

@@ -16,12 +16,12 @@ use warden_core::time::Timestamp;
 use crate::{
     AuditFn, CallRecord, ConsumedEscalation, CreateRun, CreateSession, Delete, DeleteOutcome,
     Entity, EnvelopeImport, EscalationRecord, EscalationResolution, EscalationStatus,
-    EscalationTarget, LeaseStep, PutEnvelope, PutEscalation, PutOutcome, RateBuckets, RateCharge,
-    RecordStep, ResolveEscalation, RunRecord, RunState, RunsInFlight, SessionHead, SessionRecord,
-    SessionState, SessionUpdate, SigningKeyRecord, StepLease, StepOutcome, StorageQuota, Store,
-    StoreError, StoredAgent, TakeTokens, TokenRecord, UpdateSession, Usage, check_create,
-    check_signing_key, decide_import, decide_put, encoded_len, missing_envelope, run_finished,
-    seq_taken, sources_unless_known,
+    EscalationTarget, LeaseStep, PutAuditFn, PutEnvelope, PutEscalation, PutOutcome, RateBuckets,
+    RateCharge, RecordStep, ResolveEscalation, RunRecord, RunState, RunsInFlight, SessionHead,
+    SessionRecord, SessionState, SessionUpdate, SigningKeyRecord, StepLease, StepOutcome,
+    StorageQuota, Store, StoreError, StoredAgent, TakeTokens, TokenRecord, UpdateSession, Usage,
+    check_create, check_signing_key, decide_import, decide_put, encoded_len, missing_envelope,
+    run_finished, seq_taken, sources_unless_known,
 };
 
 type RecordKey = (AgentId, Namespace, Key);
@@ -378,7 +378,7 @@ impl Store for MemoryStore {
         put: Put,
         now: Timestamp,
         quota: StorageQuota,
-        audit: AuditFn<PutOutcome>,
+        audit: PutAuditFn,
     ) -> Result<PutOutcome, StoreError> {
         let mut g = self.lock()?;
         let usage = if quota.is_unlimited() {

@@ -372,33 +372,26 @@ impl<S: Store> Engine<S> {
                 put,
                 now,
                 quota,
+                // Called once per attempt at the put (`PutAuditFn`).
                 Box::new(move |o| {
-                    let d = match o {
-                        PutOutcome::Written { record, .. } => {
-                            pre.push(
-                                AuditDraft::from_decision(&a)
-                                    .with_details(json!({"revision": record.revision})),
-                            );
-                            return pre;
-                        }
-                        PutOutcome::Conflict { .. } => c,
-                        PutOutcome::Rejected { reason } => Decision {
+                    let mut drafts = pre.clone();
+                    drafts.push(match o {
+                        PutOutcome::Written { record, .. } => AuditDraft::from_decision(&a)
+                            .with_details(json!({"revision": record.revision})),
+                        PutOutcome::Conflict { .. } => AuditDraft::from_decision(&c),
+                        PutOutcome::Rejected { reason } => AuditDraft::from_decision(&Decision {
                             reason: Reason::from_string(reason.clone()),
-                            ..r
-                        },
+                            ..r.clone()
+                        }),
                         PutOutcome::OverQuota { quota, limit, used } => {
-                            pre.push(
-                                AuditDraft::from_decision(&Decision {
-                                    reason: quota_reason(*quota),
-                                    ..r
-                                })
-                                .with_details(json!({"limit": limit, "used": used})),
-                            );
-                            return pre;
+                            AuditDraft::from_decision(&Decision {
+                                reason: quota_reason(*quota),
+                                ..r.clone()
+                            })
+                            .with_details(json!({"limit": limit, "used": used}))
                         }
-                    };
-                    pre.push(AuditDraft::from_decision(&d));
-                    pre
+                    });
+                    drafts
                 }),
             )
             .await?;

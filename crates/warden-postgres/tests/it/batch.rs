@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{Value, json};
 use warden_core::audit::ChainHead;
 use warden_core::decision::Verdict;
 use warden_core::hierarchy::AgentStatus;
@@ -710,9 +710,26 @@ async fn a_failing_statement_in_a_run_of_puts_fails_that_put_alone() {
 /// its writes (the writes wait on its row locks): each conditional write
 /// changes nothing, and each put is decided again alone against what that
 /// transaction committed: the unconditional put is written on top of it,
-/// the compare-and-set on the old revision is a conflict.
+/// the compare-and-set on the old revision is a conflict. A group of puts
+/// only sends its writes with its audit entries and `COMMIT`: the write
+/// that changed nothing rolls the group back, and the group runs again
+/// the careful way; each put's audit entry is the one of the outcome
+/// that committed, recorded once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_put_of_a_run_that_loses_a_race_is_decided_again() {
+    lost_race(false).await;
+}
+
+/// The same race in a group that also holds a job of another kind, so
+/// that the group runs the careful way from the start: the run of puts
+/// reads in one round trip and writes in another, in its savepoint, and
+/// the puts whose writes changed nothing are decided again alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_put_of_a_run_that_loses_a_race_in_a_mixed_group_is_decided_again() {
+    lost_race(true).await;
+}
+
+async fn lost_race(mixed: bool) {
     let scratch = scratch_or_skip!();
     let s = store(&scratch, 1).await;
     for owner in ["a", "b"] {
@@ -742,6 +759,26 @@ async fn a_put_of_a_run_that_loses_a_race_is_decided_again() {
     let q = StorageQuota::default();
     let plain = queued_put(&s, put("a", "g", "k", json!("ours"), None), q, "r.a", 1).await;
     let cas = queued_put(&s, put("b", "g", "k", json!("ours"), Some(1)), q, "r.b", 2).await;
+    // A job of another kind in the same group: a revocation naming an
+    // unknown agent, which fails alone.
+    let other = mixed.then(|| {
+        let s = s.clone();
+        tokio::spawn(async move {
+            s.set_agent_status(
+                vec![id("nobody")],
+                AgentStatus::Revoked,
+                vec![draft(
+                    "@operator",
+                    "agent.revoke",
+                    "nobody",
+                    Verdict::Allow,
+                    "revoked",
+                )],
+            )
+            .await
+        })
+    });
+    tokio::time::sleep(Duration::from_millis(30)).await;
     holder.batch_execute("ROLLBACK").await.unwrap();
     first.await.unwrap().unwrap();
     // The run has read revision 1 and its writes wait on the rows.
@@ -753,6 +790,21 @@ async fn a_put_of_a_run_that_loses_a_race_is_decided_again() {
         cas.await.unwrap().unwrap(),
         PutOutcome::Conflict { current: Some(2) }
     ));
+    if let Some(other) = other {
+        assert!(other.await.unwrap().is_err());
+    }
+    let entries = audit_all(&s).await;
+    let of = |resource: &str| -> Vec<Value> {
+        entries
+            .iter()
+            .filter(|e| e.draft.resource == resource)
+            .map(|e| e.draft.details.clone())
+            .collect()
+    };
+    assert_eq!(of("r.a").len(), 1, "{:?}", of("r.a"));
+    assert_eq!(of("r.a")[0]["revision"], json!(3));
+    assert_eq!(of("r.b").len(), 1, "{:?}", of("r.b"));
+    assert!(of("nobody").is_empty());
     assert_eq!(
         get_one(&s, "a", "g", "k").await.unwrap().value,
         json!("ours")

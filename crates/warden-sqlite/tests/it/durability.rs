@@ -371,7 +371,7 @@ async fn synchronous_normal_is_available() {
 async fn a_panicking_audit_fn_changes_nothing() {
     let store = SqliteStore::open_temp().await.unwrap();
     store.append_audit(vec![note(1)]).await.unwrap();
-    let bomb: warden_store::AuditFn<PutOutcome> = Box::new(|_| panic!("audit fn exploded"));
+    let bomb: warden_store::PutAuditFn = Box::new(|_| panic!("audit fn exploded"));
     let err = store
         .put_record(
             put("o", "ns", "k", json!(1), None),

@@ -78,9 +78,9 @@ use warden_core::time::Timestamp;
 
 use crate::verify::{HeadAnchor, VerifyError, verify_store};
 use crate::{
-    AuditFn, CreateRun, Delete, DeleteOutcome, Entity, LeaseStep, PutOutcome, QuotaKind,
-    RecordStep, RunRecord, RunStep, RunsInFlight, StepLease, StepOutcome, StepStatus, StorageQuota,
-    Store, StoreError, StoredAgent, TokenRecord, TokenSubject, Usage,
+    AuditFn, CreateRun, Delete, DeleteOutcome, Entity, LeaseStep, PutAuditFn, PutOutcome,
+    QuotaKind, RecordStep, RunRecord, RunStep, RunsInFlight, StepLease, StepOutcome, StepStatus,
+    StorageQuota, Store, StoreError, StoredAgent, TokenRecord, TokenSubject, Usage,
 };
 
 /// How many writers race for the same revision in [`put_race_one_winner`].
@@ -409,7 +409,7 @@ fn put(owner: &str, namespace: &str, k: &str, value: Value, expected: Option<u64
 /// An [`AuditFn`] that records a put's outcome the way the engine does:
 /// allow for a write, deny for a conflict or a rejection; `tag` goes into
 /// the details so a test can tell attempts apart.
-pub fn put_audit(subject: &str, resource: &str, tag: u64) -> AuditFn<PutOutcome> {
+pub fn put_audit(subject: &str, resource: &str, tag: u64) -> PutAuditFn {
     let subject = subject.to_string();
     let resource = resource.to_string();
     Box::new(move |outcome: &PutOutcome| {
