@@ -24,6 +24,7 @@ use std::collections::HashSet;
 
 use foldhash::fast::RandomState;
 use smallvec::SmallVec;
+use smol_str::SmolStrBuilder;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -167,6 +168,12 @@ pub fn admit_with_bound(
     let mut seen: HashSet<&str, RandomState> =
         HashSet::with_capacity_and_hasher(sop.steps.len(), RandomState::default());
     let policy_version = SmolStr::from(ctx.policy_version);
+    // Every step's resource is `sop_id:step_id`: the `sop_id:` part is
+    // written once, and each step appends its id to a copy (held inline,
+    // without allocating, while the whole fits in a `SmolStr`).
+    let mut resource_prefix = SmolStrBuilder::new();
+    resource_prefix.push_str(sop.sop_id.as_str());
+    resource_prefix.push(':');
     let mut steps: Vec<StepCheck> = sop
         .steps
         .iter()
@@ -191,7 +198,14 @@ pub fn admit_with_bound(
                 bound.get(i),
                 &mut violations,
             );
-            step_check(&policy_version, actor, sop, step, violations, now)
+            step_check(
+                &policy_version,
+                &resource_prefix,
+                actor,
+                step,
+                violations,
+                now,
+            )
         })
         .collect();
     let mut admitted = steps.iter().all(|c| c.decision.permits());
@@ -380,8 +394,8 @@ impl BoundPositions {
 #[inline]
 fn step_check(
     policy_version: &SmolStr,
+    resource_prefix: &SmolStrBuilder,
     actor: &AgentId,
-    sop: &Sop,
     step: &Step,
     violations: Violations,
     now: Timestamp,
@@ -391,8 +405,8 @@ fn step_check(
         None => (Verdict::Allow, reasons::STEP_ALLOWED),
         Some(r) => (Verdict::Deny, r.clone()),
     };
-    // `sop:step` is usually short enough to be stored inline (no allocation).
-    let resource = SmolStr::from_iter([sop.sop_id.as_str(), ":", step_id]);
+    let mut resource = resource_prefix.clone();
+    resource.push_str(step_id);
     StepCheck {
         step_id: step
             .step_id
@@ -404,7 +418,7 @@ fn step_check(
             reason,
             subject: Subject::Agent(actor.clone()),
             operation: SmolStr::new_static(OP_SOP_VALIDATE),
-            resource,
+            resource: resource.finish(),
             policy_version: policy_version.clone(),
             obligations: Vec::new(),
             time: now,
