@@ -14,7 +14,9 @@
 //!   and revision are part of the answer).
 //! - S4: [`preflight`] of a parsed 50-step SOP: every step checked against
 //!   the catalogue, the effective capabilities and the argument rules, one
-//!   full `Decision` per step.
+//!   `StepCheck` per step (its violations: the step's full `Decision`, which
+//!   shares everything else with the other steps', is built from it when it
+//!   is recorded or shown).
 //!
 //! Churn: [`Hierarchy::register`] (+ [`MemoryIndex::insert`] for S3), then
 //! the decision for the new agent.
@@ -259,9 +261,10 @@ impl<'p> WardenSubject<'p> {
                     policy_version: &self.policy.version,
                 };
                 let p = preflight(&ctx, agent, &self.sop, NOW);
-                p.steps.iter().enumerate().fold(0u64, |acc, (i, s)| {
-                    acc | (u64::from(s.decision.permits()) << i)
-                })
+                p.steps
+                    .iter()
+                    .enumerate()
+                    .fold(0u64, |acc, (i, s)| acc | (u64::from(s.permits()) << i))
             }
         }
     }

@@ -15,9 +15,10 @@ use std::sync::Arc;
 use anyhow::{Context, anyhow};
 use serde::Serialize;
 use warden::{Engine, PlanCheck, SystemClock};
+use warden_core::decision::{Decision, SmolStr};
 use warden_core::ids::AgentId;
 use warden_core::plan::{PlanDocument, PositionExplanation, StepExplanation, parse_document};
-use warden_core::preflight::StepCheck;
+use warden_core::preflight::Violations;
 use warden_store::MemoryStore;
 
 /// Admit `sop` (an SOP or a plan) for `agent` under `policy`.
@@ -66,8 +67,10 @@ pub fn run(policy: &Path, agent: &str, sop: &Path, json: bool) -> anyhow::Result
 fn json_output(result: &PlanCheck) -> anyhow::Result<String> {
     #[derive(Serialize)]
     struct Step<'a> {
-        #[serde(flatten)]
-        check: &'a StepCheck,
+        step_id: &'a SmolStr,
+        action: &'a SmolStr,
+        decision: Decision,
+        violations: &'a Violations,
         provenance: &'a StepExplanation,
     }
     #[derive(Serialize)]
@@ -82,7 +85,13 @@ fn json_output(result: &PlanCheck) -> anyhow::Result<String> {
             .steps
             .iter()
             .zip(&result.provenance.steps)
-            .map(|(check, provenance)| Step { check, provenance })
+            .map(|(check, provenance)| Step {
+                step_id: &check.step_id,
+                action: &check.action,
+                decision: result.preflight.decision(check),
+                violations: &check.violations,
+                provenance,
+            })
             .collect(),
     };
     // Pretty-printed from the structs, so keys keep their order.
@@ -105,11 +114,7 @@ fn print_human(document: &PlanDocument, agent: &AgentId, result: &PlanCheck) {
         }
     );
     for (step, explained) in result.preflight.steps.iter().zip(&result.provenance.steps) {
-        let mark = if step.decision.permits() {
-            "ok  "
-        } else {
-            "DENY"
-        };
+        let mark = if step.permits() { "ok  " } else { "DENY" };
         let extra = if step.violations.len() > 1 {
             let all: Vec<&str> = step.violations.iter().map(|r| r.as_str()).collect();
             format!(" ({})", all.join(", "))
@@ -118,7 +123,9 @@ fn print_human(document: &PlanDocument, agent: &AgentId, result: &PlanCheck) {
         };
         println!(
             "  {mark} {:<24} {:<24} {}{extra}",
-            step.step_id, step.action, step.decision.reason
+            step.step_id,
+            step.action,
+            step.reason()
         );
         print_provenance(explained);
     }

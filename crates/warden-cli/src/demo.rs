@@ -289,7 +289,10 @@ async fn scenario() -> anyhow::Result<ExitCode> {
     for s in &run.preflight.steps {
         evidence.push(format!(
             "step {:<10} {:<20} {} {}",
-            s.step_id, s.action, s.decision.verdict, s.decision.reason
+            s.step_id,
+            s.action,
+            s.verdict(),
+            s.reason()
         ));
     }
     report.criterion(
@@ -323,7 +326,7 @@ async fn scenario() -> anyhow::Result<ExitCode> {
         && pre
             .steps
             .iter()
-            .any(|s| s.decision.reason.as_str() == "unknown_action");
+            .any(|s| s.reason().as_str() == "unknown_action");
     report.criterion(
         7,
         "an unknown action fails closed",
@@ -333,10 +336,10 @@ async fn scenario() -> anyhow::Result<ExitCode> {
             pre.steps.first().map_or("-", |s| s.step_id.as_str()),
             pre.steps
                 .first()
-                .map_or("-".into(), |s| s.decision.verdict.to_string()),
+                .map_or("-".into(), |s| s.verdict().to_string()),
             pre.steps
                 .first()
-                .map_or("-".into(), |s| s.decision.reason.to_string())
+                .map_or("-".into(), |s| s.reason().to_string())
         )],
     );
 

@@ -24,7 +24,6 @@ use std::collections::HashSet;
 
 use foldhash::fast::RandomState;
 use smallvec::SmallVec;
-use smol_str::SmolStrBuilder;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -35,7 +34,7 @@ use crate::envelope::{ActionRef, ContextPolicy, ContextRequest, Envelope, decide
 use crate::hierarchy::{AgentNode, Hierarchy};
 use crate::ids::{ActionName, AgentId, check_identifier};
 use crate::plan::ArgPath;
-use crate::sop::{Sop, Step};
+use crate::sop::Sop;
 use crate::time::Timestamp;
 
 /// The operation name recorded for step decisions.
@@ -58,35 +57,207 @@ pub struct PreflightContext<'a> {
     pub policy_version: &'a str,
 }
 
-/// The decision for one step.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The check of one step: its violations, from which its decision follows
+/// ([`Preflight::decision`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StepCheck {
     /// The step id as written (may be empty or repeated: that is a finding).
     pub step_id: SmolStr,
     /// The action as written.
     pub action: SmolStr,
-    /// The decision (its reason is the first violation).
-    pub decision: Decision,
-    /// Every violation found for this step, in check order.
+    /// Every violation found for this step, in check order. The step is
+    /// allowed if there is none, denied with the first one otherwise.
     pub violations: Violations,
 }
 
 /// A step's violations: most steps have none or one, held inline.
 pub type Violations = SmallVec<[Reason; 2]>;
 
+/// The reason of an allowed step, as a place to borrow it from.
+static STEP_ALLOWED: Reason = reasons::STEP_ALLOWED;
+
+impl StepCheck {
+    /// Whether the step is allowed (it has no violation).
+    pub fn permits(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    /// `allow`, or `deny` if the step has a violation.
+    pub fn verdict(&self) -> Verdict {
+        if self.permits() {
+            Verdict::Allow
+        } else {
+            Verdict::Deny
+        }
+    }
+
+    /// The decision's reason: the first violation, or `step_allowed`.
+    pub fn reason(&self) -> &Reason {
+        self.violations.first().unwrap_or(&STEP_ALLOWED)
+    }
+}
+
 /// The result of preflight.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Every step's [`Decision`] shares its subject (the actor), operation
+/// (`sop.validate`), policy version and time, and its resource is
+/// `sop_id:step_id`: a step keeps only its own part ([`StepCheck`]), and
+/// [`Preflight::decision`] builds the full decision when it is recorded or
+/// shown. It is serialised (and compared) with every step's full decision,
+/// as `{admitted, steps: [{step_id, action, decision, violations}]}`.
+#[derive(Debug, Clone)]
 pub struct Preflight {
     /// Whether every step is allowed.
     pub admitted: bool,
     /// One check per step, in order.
     pub steps: Vec<StepCheck>,
+    /// What every step's decision shares.
+    shared: Shared,
+}
+
+/// The part of a step's decision every step of one preflight shares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Shared {
+    actor: AgentId,
+    sop_id: SmolStr,
+    policy_version: SmolStr,
+    time: Timestamp,
 }
 
 impl Preflight {
     /// The steps that were denied.
     pub fn rejected(&self) -> impl Iterator<Item = &StepCheck> {
-        self.steps.iter().filter(|s| !s.decision.permits())
+        self.steps.iter().filter(|s| !s.permits())
+    }
+
+    /// The full decision of `step` (one of [`Preflight::steps`]): its
+    /// verdict and reason ([`StepCheck::verdict`], [`StepCheck::reason`]),
+    /// the actor as subject, operation `sop.validate`, resource
+    /// `sop_id:step_id`, the policy version and the time of the preflight.
+    pub fn decision(&self, step: &StepCheck) -> Decision {
+        let s = &self.shared;
+        Decision {
+            verdict: step.verdict(),
+            reason: step.reason().clone(),
+            subject: Subject::Agent(s.actor.clone()),
+            operation: SmolStr::new_static(OP_SOP_VALIDATE),
+            resource: SmolStr::from_iter([s.sop_id.as_str(), ":", step.step_id.as_str()]),
+            policy_version: s.policy_version.clone(),
+            obligations: Vec::new(),
+            time: s.time,
+        }
+    }
+
+    /// Every step with its full decision, in order.
+    pub fn decisions(&self) -> impl Iterator<Item = (&StepCheck, Decision)> {
+        self.steps.iter().map(|s| (s, self.decision(s)))
+    }
+}
+
+impl PartialEq for Preflight {
+    /// The same verdict, steps and step decisions.
+    fn eq(&self, other: &Self) -> bool {
+        self.admitted == other.admitted
+            && self.steps == other.steps
+            && (self.shared == other.shared
+                || self
+                    .steps
+                    .iter()
+                    .all(|s| self.decision(s) == other.decision(s)))
+    }
+}
+
+impl Eq for Preflight {}
+
+/// One step as serialised: with its full decision.
+#[derive(Serialize, Deserialize)]
+struct StepRecord {
+    step_id: SmolStr,
+    action: SmolStr,
+    decision: Decision,
+    violations: Violations,
+}
+
+/// A preflight as serialised.
+#[derive(Serialize, Deserialize)]
+struct PreflightRecord {
+    admitted: bool,
+    steps: Vec<StepRecord>,
+}
+
+impl Serialize for Preflight {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        PreflightRecord {
+            admitted: self.admitted,
+            steps: self
+                .decisions()
+                .map(|(s, decision)| StepRecord {
+                    step_id: s.step_id.clone(),
+                    action: s.action.clone(),
+                    decision,
+                    violations: s.violations.clone(),
+                })
+                .collect(),
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Preflight {
+    /// The serialised form read back; refused unless every step's decision
+    /// is the one its check and the shared part give (as preflight makes
+    /// them).
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let wire = PreflightRecord::deserialize(deserializer)?;
+        let shared = match wire.steps.first() {
+            None => Shared {
+                actor: AgentId::parse("unknown").map_err(D::Error::custom)?,
+                sop_id: SmolStr::default(),
+                policy_version: SmolStr::default(),
+                time: Timestamp(0),
+            },
+            Some(first) => {
+                let d = &first.decision;
+                let Some(actor) = d.subject.agent() else {
+                    return Err(D::Error::custom(
+                        "a step decision's subject is not an agent",
+                    ));
+                };
+                let sop_id = d
+                    .resource
+                    .strip_suffix(first.step_id.as_str())
+                    .and_then(|r| r.strip_suffix(':'))
+                    .ok_or_else(|| {
+                        D::Error::custom("a step decision's resource is not sop_id:step_id")
+                    })?;
+                Shared {
+                    actor: actor.clone(),
+                    sop_id: SmolStr::from(sop_id),
+                    policy_version: d.policy_version.clone(),
+                    time: d.time,
+                }
+            }
+        };
+        let mut preflight = Preflight {
+            admitted: wire.admitted,
+            steps: Vec::with_capacity(wire.steps.len()),
+            shared,
+        };
+        for s in wire.steps {
+            let check = StepCheck {
+                step_id: s.step_id,
+                action: s.action,
+                violations: s.violations,
+            };
+            if preflight.decision(&check) != s.decision {
+                return Err(D::Error::custom(
+                    "a step decision does not follow from its violations and the others",
+                ));
+            }
+            preflight.steps.push(check);
+        }
+        Ok(preflight)
     }
 }
 
@@ -167,13 +338,6 @@ pub fn admit_with_bound(
     // Step ids are short and hashed once each: foldhash, not SipHash.
     let mut seen: HashSet<&str, RandomState> =
         HashSet::with_capacity_and_hasher(sop.steps.len(), RandomState::default());
-    let policy_version = SmolStr::from(ctx.policy_version);
-    // Every step's resource is `sop_id:step_id`: the `sop_id:` part is
-    // written once, and each step appends its id to a copy (held inline,
-    // without allocating, while the whole fits in a `SmolStr`).
-    let mut resource_prefix = SmolStrBuilder::new();
-    resource_prefix.push_str(sop.sop_id.as_str());
-    resource_prefix.push(':');
     let mut steps: Vec<StepCheck> = sop
         .steps
         .iter()
@@ -198,17 +362,17 @@ pub fn admit_with_bound(
                 bound.get(i),
                 &mut violations,
             );
-            step_check(
-                &policy_version,
-                &resource_prefix,
-                actor,
-                step,
+            StepCheck {
+                step_id: step
+                    .step_id
+                    .as_ref()
+                    .map_or_else(SmolStr::default, |id| id.as_text().clone()),
+                action: step.action.as_text().clone(),
                 violations,
-                now,
-            )
+            }
         })
         .collect();
-    let mut admitted = steps.iter().all(|c| c.decision.permits());
+    let mut admitted = steps.iter().all(StepCheck::permits);
     if let Some(run) = run
         && admitted
     {
@@ -232,15 +396,23 @@ pub fn admit_with_bound(
                 },
             );
             if cd.is_permanent() {
-                // The step had no violation: this one is its first.
-                check.decision.verdict = Verdict::Deny;
-                check.decision.reason = cd.reason.clone();
+                // The step had no violation: this one is its first, and
+                // its reason.
                 check.violations.push(cd.reason);
                 admitted = false;
             }
         }
     }
-    Preflight { admitted, steps }
+    Preflight {
+        admitted,
+        steps,
+        shared: Shared {
+            actor: actor.clone(),
+            sop_id: sop.sop_id.as_text().clone(),
+            policy_version: SmolStr::from(ctx.policy_version),
+            time: now,
+        },
+    }
 }
 
 /// Every static violation of one concrete call of `action` with
@@ -387,43 +559,6 @@ impl BoundPositions {
         self.paths
             .iter()
             .any(|p| p.keys().is_some_and(|keys| keys == [name]))
-    }
-}
-
-/// The check of one step: denied with its first violation, if any.
-#[inline]
-fn step_check(
-    policy_version: &SmolStr,
-    resource_prefix: &SmolStrBuilder,
-    actor: &AgentId,
-    step: &Step,
-    violations: Violations,
-    now: Timestamp,
-) -> StepCheck {
-    let step_id = step.step_id_str();
-    let (verdict, reason) = match violations.first() {
-        None => (Verdict::Allow, reasons::STEP_ALLOWED),
-        Some(r) => (Verdict::Deny, r.clone()),
-    };
-    let mut resource = resource_prefix.clone();
-    resource.push_str(step_id);
-    StepCheck {
-        step_id: step
-            .step_id
-            .as_ref()
-            .map_or_else(SmolStr::default, |id| id.as_text().clone()),
-        action: step.action.as_text().clone(),
-        decision: Decision {
-            verdict,
-            reason,
-            subject: Subject::Agent(actor.clone()),
-            operation: SmolStr::new_static(OP_SOP_VALIDATE),
-            resource: resource.finish(),
-            policy_version: policy_version.clone(),
-            obligations: Vec::new(),
-            time: now,
-        },
-        violations,
     }
 }
 

@@ -41,7 +41,7 @@ impl<S: Store> Engine<S> {
             .steps
             .iter()
             .map(|s| {
-                self.draft(&s.decision)
+                self.draft(&result.decision(s))
                     .with_details(violations_details(&s.violations))
             })
             .collect();
@@ -97,7 +97,8 @@ impl<S: Store> Engine<S> {
                         _ => details = json!({"provenance": findings}),
                     }
                 }
-                self.draft(&s.decision).with_details(details)
+                self.draft(&result.preflight.decision(s))
+                    .with_details(details)
             })
             .collect();
         self.inner.store.append_audit(drafts).await?;
@@ -168,7 +169,7 @@ impl<S: Store> Engine<S> {
             .steps
             .iter()
             .map(|s| {
-                self.draft(&s.decision)
+                self.draft(&result.decision(s))
                     .with_details(violations_details(&s.violations))
             })
             .collect();

@@ -126,7 +126,7 @@ fn engine_admission(
         && result.admitted
     {
         for check in result.steps.iter_mut() {
-            if !check.decision.permits() {
+            if !check.permits() {
                 continue;
             }
             let cd = decide(
@@ -135,8 +135,7 @@ fn engine_admission(
                 &ContextRequest::Action(action_ref(policy, &check.action)),
             );
             if cd.verdict == Verdict::Deny && cd.reason.kind() == cr::RESTRICTED_BY {
-                check.decision.verdict = Verdict::Deny;
-                check.decision.reason = cd.reason.clone();
+                // The step had no violation: this one is its reason.
                 check.violations.push(cd.reason);
                 result.admitted = false;
             }
@@ -312,7 +311,7 @@ fn a_restricted_starting_envelope_rejects_the_export_step_only() {
     let verdicts: Vec<_> = result
         .steps
         .iter()
-        .map(|s| (s.decision.verdict, s.decision.reason.as_str()))
+        .map(|s| (s.verdict(), s.reason().as_str()))
         .collect();
     assert_eq!(
         verdicts,
@@ -457,7 +456,7 @@ proptest! {
         let actor = AgentId::parse(agent).unwrap();
         let ours = admit(&ctx, &actor, &sop, run, NOW);
         prop_assert_eq!(&ours, &engine_admission(&ctx, policy, &actor, &sop, run));
-        prop_assert_eq!(ours.admitted, ours.steps.iter().all(|s| s.decision.permits()));
+        prop_assert_eq!(ours.admitted, ours.steps.iter().all(|s| s.permits()));
     }
 
     #[test]
@@ -482,4 +481,101 @@ proptest! {
         let declared = policy.catalogue.by_name(action).map_or(&[][..], |x| x.output_labels());
         gate_matches_engine(&gate, &cd, &reported, declared);
     }
+}
+
+/// Every step's decision as preflight built it before steps kept only
+/// their own part: verdict and reason from the first violation, the actor,
+/// `sop.validate`, `sop_id:step_id`, the policy version and the time.
+fn full_decision(actor: &AgentId, sop: &Sop, version: &str, check: &StepCheck) -> Decision {
+    let (verdict, reason) = match check.violations.first() {
+        None => (Verdict::Allow, reasons::STEP_ALLOWED),
+        Some(r) => (Verdict::Deny, r.clone()),
+    };
+    Decision {
+        verdict,
+        reason,
+        subject: Subject::Agent(actor.clone()),
+        operation: SmolStr::new_static(OP_SOP_VALIDATE),
+        resource: SmolStr::from(format!("{}:{}", sop.sop_id, check.step_id)),
+        policy_version: SmolStr::from(version),
+        obligations: Vec::new(),
+        time: NOW,
+    }
+}
+
+#[test]
+fn step_decisions_and_the_serialised_form_are_the_full_ones() {
+    let [policy, _] = policies();
+    let h = hierarchy(policy);
+    let ctx = PreflightContext {
+        hierarchy: &h,
+        catalogue: &policy.catalogue,
+        policy_version: &policy.version,
+    };
+    let mut sops: Vec<Sop> = SOPS
+        .iter()
+        .map(|t| parse_sop(t, &policy.sop_limits).unwrap())
+        .collect();
+    // Empty, repeated and long step ids (a resource over 23 bytes).
+    sops.push(
+        sop_from_value(
+            &json!({"sop_id": "a-rather-long-sop-identifier", "version": 1, "steps": [
+                {"step_id": "", "action": "document.summarize"},
+                {"step_id": "x", "action": "nope"},
+                {"step_id": "x", "action": "report.export"}
+            ]}),
+            &SopLimits::default(),
+        )
+        .unwrap(),
+    );
+    for sop in &sops {
+        for agent in AGENTS {
+            let actor = AgentId::parse(agent).unwrap();
+            let p = preflight(&ctx, &actor, sop, NOW);
+            let mut steps = Vec::new();
+            for (check, step) in p.steps.iter().zip(&sop.steps) {
+                let want = full_decision(&actor, sop, &policy.version, check);
+                assert_eq!(p.decision(check), want);
+                assert_eq!(check.verdict(), want.verdict);
+                assert_eq!(check.reason(), &want.reason);
+                assert_eq!(check.step_id.as_str(), step.step_id_str());
+                steps.push(json!({
+                    "step_id": check.step_id,
+                    "action": check.action,
+                    "decision": want,
+                    "violations": check.violations,
+                }));
+            }
+            let text = serde_json::to_string(&p).unwrap();
+            assert_eq!(
+                serde_json::from_str::<Value>(&text).unwrap(),
+                json!({"admitted": p.admitted, "steps": steps})
+            );
+            // Fields in the order the derived form wrote them.
+            let at = |k: &str| text.find(&format!("\"{k}\":")).unwrap();
+            assert!(at("admitted") < at("steps"));
+            assert!(at("step_id") < at("action") && at("action") < at("decision"));
+            assert!(at("decision") < at("verdict") && at("policy_version") < at("violations"));
+            let back: Preflight = serde_json::from_str(&text).unwrap();
+            assert_eq!(back, p);
+            assert_eq!(serde_json::to_string(&back).unwrap(), text);
+        }
+    }
+}
+
+#[test]
+fn a_serialised_preflight_whose_decisions_disagree_is_refused() {
+    let [policy, _] = policies();
+    let h = hierarchy(policy);
+    let ctx = PreflightContext {
+        hierarchy: &h,
+        catalogue: &policy.catalogue,
+        policy_version: &policy.version,
+    };
+    let sop = parse_sop(SOPS[5], &policy.sop_limits).unwrap();
+    let p = preflight(&ctx, &AgentId::parse("researcher").unwrap(), &sop, NOW);
+    assert!(p.steps.len() > 1);
+    let mut v = serde_json::to_value(&p).unwrap();
+    v["steps"][1]["decision"]["time"] = json!(NOW.0 + 1);
+    assert!(serde_json::from_value::<Preflight>(v).is_err());
 }

@@ -80,7 +80,7 @@ pub(crate) async fn admit<S: Store>(
                 "sop rejected: {}",
                 preflight
                     .rejected()
-                    .map(|s| s.decision.reason.to_string())
+                    .map(|s| s.reason().to_string())
                     .collect::<Vec<_>>()
                     .join(", ")
             ),

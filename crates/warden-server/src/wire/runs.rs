@@ -70,12 +70,13 @@ pub struct StepDecisionBody {
     pub violations: Vec<String>,
 }
 
-impl From<&StepCheck> for StepDecisionBody {
-    fn from(s: &StepCheck) -> Self {
+impl StepDecisionBody {
+    /// The body of `s`, one of `p`'s steps.
+    pub fn new(p: &Preflight, s: &StepCheck) -> Self {
         Self {
             step_id: s.step_id.clone(),
             action: s.action.clone(),
-            decision: (&s.decision).into(),
+            decision: (&p.decision(s)).into(),
             violations: s.violations.iter().map(ToString::to_string).collect(),
         }
     }
@@ -83,7 +84,10 @@ impl From<&StepCheck> for StepDecisionBody {
 
 /// Every step's decision.
 pub fn step_decisions(p: &Preflight) -> Vec<StepDecisionBody> {
-    p.steps.iter().map(Into::into).collect()
+    p.steps
+        .iter()
+        .map(|s| StepDecisionBody::new(p, s))
+        .collect()
 }
 
 /// The answer of `POST /v1/sops/validate`.

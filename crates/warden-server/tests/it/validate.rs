@@ -190,7 +190,7 @@ async fn an_sop_keeps_its_answer_and_a_bad_plan_changes_nothing() {
         assert_eq!(decisions.len(), expected.steps.len());
         for (d, e) in decisions.iter().zip(&expected.steps) {
             assert_eq!(d["step_id"], json!(e.step_id));
-            assert_eq!(d["decision"]["reason"], json!(e.decision.reason.as_str()));
+            assert_eq!(d["decision"]["reason"], json!(e.reason().as_str()));
             let violations: Vec<&str> = e.violations.iter().map(|r| r.as_str()).collect();
             assert_eq!(d["violations"], json!(violations));
         }

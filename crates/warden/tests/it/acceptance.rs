@@ -166,7 +166,7 @@ async fn criterion_6_unsafe_upload_sop_has_zero_effects() {
         .preflight
         .steps
         .iter()
-        .map(|s| s.decision.reason.as_str())
+        .map(|s| s.reason().as_str())
         .collect();
     assert_eq!(
         reasons,
@@ -218,7 +218,7 @@ async fn criterion_7_unknown_action_fails_closed() {
         .unwrap();
     assert!(!report.admitted);
     assert_eq!(
-        report.preflight.steps[0].decision.reason.as_str(),
+        report.preflight.steps[0].reason().as_str(),
         "unknown_action"
     );
     assert!(effects.lock().unwrap().is_empty());

@@ -240,11 +240,7 @@ async fn duplicate_and_empty_step_ids_are_denied_at_preflight() {
         {"step_id":"","action":"artifact.save","arguments":{"path":"internal/b"}}]}"#,
     );
     let pre = e.validate_sop(&id("researcher"), &s).await.unwrap();
-    let reasons: Vec<&str> = pre
-        .steps
-        .iter()
-        .map(|s| s.decision.reason.as_str())
-        .collect();
+    let reasons: Vec<&str> = pre.steps.iter().map(|s| s.reason().as_str()).collect();
     assert_eq!(
         reasons,
         ["step_allowed", "duplicate_step_id", "empty_step_id"]
@@ -268,8 +264,7 @@ async fn valid_action_with_invalid_resource_target_is_denied() {
     assert!(!report.admitted);
     assert!(
         report.preflight.steps[0]
-            .decision
-            .reason
+            .reason()
             .as_str()
             .starts_with("path_")
     );
@@ -357,13 +352,7 @@ async fn prompt_injection_claiming_approval_gets_the_plain_decision() {
     let strip = |p: &warden_core::preflight::Preflight| {
         p.steps
             .iter()
-            .map(|s| {
-                (
-                    s.decision.verdict,
-                    s.decision.reason.clone(),
-                    s.violations.clone(),
-                )
-            })
+            .map(|s| (s.verdict(), s.reason().clone(), s.violations.clone()))
             .collect::<Vec<_>>()
     };
     assert_eq!(strip(&plain), strip(&injected));
@@ -417,7 +406,7 @@ async fn spoofed_actor_in_sop_arguments_grants_nothing() {
         .unwrap();
     assert!(!report.admitted);
     assert_eq!(
-        report.preflight.steps[0].decision.reason.as_str(),
+        report.preflight.steps[0].reason().as_str(),
         "cross_owner_memory_write"
     );
     let stored = e
@@ -495,7 +484,7 @@ async fn revocation_cascades_and_denies_everything() {
     assert!(
         pre.steps
             .iter()
-            .all(|s| s.decision.reason.as_str() == "agent_revoked")
+            .all(|s| s.reason().as_str() == "agent_revoked")
     );
     let stored = e.store().load_agents().await.unwrap();
     assert!(

@@ -1849,7 +1849,7 @@ async fn admission_rejects_steps_the_starting_restrictions_deny() {
         .unwrap();
     assert!(!report.admitted);
     assert_eq!(
-        report.preflight.steps[1].decision.reason.as_str(),
+        report.preflight.steps[1].reason().as_str(),
         "restricted_by:no_external_export"
     );
     assert!(effects.lock().unwrap().is_empty());

@@ -1359,11 +1359,7 @@ fn compare_preflight(
         let kinds: Vec<&str> = g.violations.iter().map(|r| kind(r.as_str())).collect();
         check_eq!(kinds, *w, "{op:?}: step {i} violations");
         let reason = w.first().map_or("step_allowed", String::as_str);
-        check_eq!(
-            kind(g.decision.reason.as_str()),
-            reason,
-            "{op:?}: step {i} reason"
-        );
+        check_eq!(kind(g.reason().as_str()), reason, "{op:?}: step {i} reason");
     }
     Ok(())
 }
