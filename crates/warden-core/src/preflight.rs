@@ -20,9 +20,10 @@
 //! `owner_agent_id` inside a step's arguments is data, checked against that
 //! identity, never a source of it.
 
-use std::collections::HashSet;
+use std::hash::BuildHasher;
 
 use foldhash::fast::RandomState;
+use hashbrown::hash_table::{Entry, HashTable};
 use smallvec::SmallVec;
 
 use serde::{Deserialize, Serialize};
@@ -34,7 +35,7 @@ use crate::envelope::{ActionRef, ContextPolicy, ContextRequest, Envelope, decide
 use crate::hierarchy::{AgentNode, Hierarchy};
 use crate::ids::{ActionName, AgentId, check_identifier};
 use crate::plan::ArgPath;
-use crate::sop::Sop;
+use crate::sop::{Sop, Step};
 use crate::time::Timestamp;
 
 /// The operation name recorded for step decisions.
@@ -335,9 +336,11 @@ pub fn admit_with_bound(
 ) -> Preflight {
     let node = actor_node(ctx, actor);
     let agent_failure = agent_failure(node);
-    // Step ids are short and hashed once each: foldhash, not SipHash.
-    let mut seen: HashSet<&str, RandomState> =
-        HashSet::with_capacity_and_hasher(sop.steps.len(), RandomState::default());
+    // Step ids are short and hashed once each: foldhash, not SipHash. The
+    // table holds the positions of the steps seen, not their ids.
+    let state = RandomState::default();
+    let id_at = |j: usize| sop.steps.get(j).map_or("", Step::step_id_str);
+    let mut seen: HashTable<usize> = HashTable::with_capacity(sop.steps.len());
     let mut steps: Vec<StepCheck> = sop
         .steps
         .iter()
@@ -350,8 +353,18 @@ pub fn admit_with_bound(
             }
             if step_id.is_empty() {
                 violations.push(reasons::EMPTY_STEP_ID);
-            } else if !seen.insert(step_id) {
-                violations.push(reasons::DUPLICATE_STEP_ID);
+            } else {
+                let hash = state.hash_one(step_id);
+                match seen.entry(
+                    hash,
+                    |&j| id_at(j) == step_id,
+                    |&j| state.hash_one(id_at(j)),
+                ) {
+                    Entry::Occupied(_) => violations.push(reasons::DUPLICATE_STEP_ID),
+                    Entry::Vacant(slot) => {
+                        slot.insert(i);
+                    }
+                }
             }
             action_violations(
                 ctx,
