@@ -276,16 +276,20 @@ struct Prefix {
 
 /// Send `prefix` and then `f`'s statements, pipelined: all are sent before
 /// any answer is awaited (a request is sent when its future is first
-/// polled, and `join!` polls in order), and run in that order. The answer
-/// to a head lock sent here is left in `head`, whatever became of `f`.
-async fn after_prefix<T>(
+/// polled, and `join!` polls in order), and run in that order. Returns the
+/// answer to the prefix's lock (if one was sent), to its savepoint, and
+/// `f`'s output.
+async fn with_prefix<T>(
     tx: &tokio_postgres::Transaction<'_>,
     prefix: Prefix,
-    head: &mut Option<Result<Option<Row>, tokio_postgres::Error>>,
-    f: impl Future<Output = Result<T, tokio_postgres::Error>>,
-) -> Result<T, tokio_postgres::Error> {
+    f: impl Future<Output = T>,
+) -> (
+    Option<Result<Option<Row>, tokio_postgres::Error>>,
+    Result<(), tokio_postgres::Error>,
+    T,
+) {
     let Prefix { lock, savepoint } = prefix;
-    let (locked, saved, result) = tokio::join!(
+    tokio::join!(
         async {
             match &lock {
                 Some(stmt) => Some(tx.query_opt(stmt, &[]).await),
@@ -299,7 +303,18 @@ async fn after_prefix<T>(
             }
         },
         f
-    );
+    )
+}
+
+/// [`with_prefix`] for a statement's future: the answer to a head lock
+/// sent here is left in `head`, whatever became of `f`.
+async fn after_prefix<T>(
+    tx: &tokio_postgres::Transaction<'_>,
+    prefix: Prefix,
+    head: &mut Option<Result<Option<Row>, tokio_postgres::Error>>,
+    f: impl Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, tokio_postgres::Error> {
+    let (locked, saved, result) = with_prefix(tx, prefix, f).await;
     if locked.is_some() {
         *head = locked;
     }
@@ -392,29 +407,20 @@ impl Tx<'_> {
             Ok(p) => p,
             Err(e) => return Flight::Unknown(e),
         };
-        let Prefix { lock, savepoint } = std::mem::take(&mut self.prefix);
+        let prefix = std::mem::take(&mut self.prefix);
         let tx = &self.tx;
         self.stmts.in_flight = true;
-        let (locked, saved, answers) = tokio::join!(
-            async {
-                match &lock {
-                    Some(stmt) => Some(tx.query_opt(stmt, &[]).await),
-                    None => None,
-                }
-            },
-            async {
-                match savepoint {
-                    Some(sql) => tx.batch_execute(sql).await,
-                    None => Ok(()),
-                }
-            },
+        let (locked, saved, answers) = with_prefix(
+            tx,
+            prefix,
             in_order(
                 prepared
                     .iter()
                     .zip(stmts)
-                    .map(|(s, (_, p))| tx.query(s, p.as_slice()))
-            )
-        );
+                    .map(|(s, (_, p))| tx.query(s, p.as_slice())),
+            ),
+        )
+        .await;
         self.stmts.in_flight = false;
         let mut head = None;
         let mut prefix = Vec::new();
