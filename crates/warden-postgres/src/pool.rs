@@ -357,9 +357,9 @@ pub(crate) type Stmt<'a> = (&'static str, Vec<&'a (dyn ToSql + Sync)>);
 pub(crate) enum Flight<T> {
     /// Every statement (and the `COMMIT`, if any) succeeded.
     Answered(T),
-    /// The server refused a statement (or the `COMMIT`): the transaction
-    /// is aborted, and rolled back if a `COMMIT` followed; nothing of it
-    /// is or will be committed.
+    /// The server refused a statement: the transaction is aborted, and
+    /// rolled back if a `COMMIT` followed; nothing of it is or will be
+    /// committed.
     Refused(StoreError),
     /// A statement got no answer from the server (the connection failed):
     /// what the server did with the flight is not known.
@@ -444,7 +444,8 @@ impl Tx<'_> {
     /// [`Tx::flight`] of `stmts` followed by `COMMIT`, pipelined: one round
     /// trip for the statements and the commit. `Answered` means every
     /// statement succeeded and the commit is durable; `Refused`, that the
-    /// transaction was rolled back.
+    /// server refused one of the statements, so the `COMMIT` rolled the
+    /// transaction back; a failed `COMMIT` is `Unknown`.
     pub(crate) async fn flight_commit(mut self, stmts: &[Stmt<'_>]) -> Flight<Vec<Vec<Row>>> {
         let prepared = match self.prepare_all(stmts).await {
             Ok(p) => p,
@@ -472,7 +473,10 @@ impl Tx<'_> {
         match classify(answers) {
             Flight::Answered(rows) => match committed {
                 Ok(()) => Flight::Answered(rows),
-                Err(e) if e.code().is_some() => Flight::Refused(crate::error::db(e)),
+                // Whatever the server said of the `COMMIT` itself (a
+                // shutdown or a failed flush may come with an SQLSTATE
+                // while the commit record is on disk), its outcome is not
+                // known: never run again.
                 Err(e) => Flight::Unknown(crate::error::db(e)),
             },
             other => other,
