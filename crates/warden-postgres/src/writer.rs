@@ -40,6 +40,16 @@
 //! change lost a race (another transaction changed the row after the wave
 //! read it) is decided again alone.
 //!
+//! A group of puts only goes further ([`pipelined_puts`]): no savepoint,
+//! the head lock with the first wave's reads, each wave's row changes with
+//! the next wave's reads, and the last wave's changes with the audit
+//! insert and the `COMMIT`, so one wave takes two round trips after
+//! `BEGIN` and holds the lock for one and the flush. Each change must
+//! change its row; if the server refuses any statement, nothing of the
+//! group was committed and it runs again as above. A failure without the
+//! server's answer (a lost connection, a failed `COMMIT`) answers every put
+//! with the error and is never run again: the group may have committed.
+//!
 //! A group of records only is sealed after the head the store's writers
 //! predict ([`HeadHint`]: the head after the last group any of them sent)
 //! and sent as one pipelined round trip, `BEGIN`, an insert that happens
