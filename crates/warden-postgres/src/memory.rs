@@ -36,20 +36,19 @@ pub(crate) async fn put_in(
         let row = tx
             .query(sql::SELECT_RECORD, &[&owner, &namespace, &key])
             .await?;
-        Read::unlimited(row)?
+        Read::unlimited(row)
     } else {
-        // The lock is taken before anything is read (the two are
+        // The lock is taken before anything is read (the three are
         // pipelined, and run in order): the owner's other quota-checked
         // writes (on any server) wait until this commits.
-        let mut rows = tx
-            .pipeline(&[
-                (sql::QUOTA_LOCK, vec![&QUOTA_LOCK_RECORDS, &owner]),
-                (sql::RECORD_AND_USAGE, vec![&owner, &namespace, &key]),
-            ])
-            .await?
-            .into_iter();
-        let _lock = next_rows(&mut rows)?;
-        Read::limited(next_rows(&mut rows)?)?
+        let [_, usage, current] = tx
+            .query3(
+                (sql::QUOTA_LOCK, &[&QUOTA_LOCK_RECORDS, &owner]),
+                (sql::OWNER_USAGE, &[&owner]),
+                (sql::SELECT_RECORD, &[&owner, &namespace, &key]),
+            )
+            .await?;
+        Read::limited(usage, current)
     };
     let (outcome, write) = decide(put, now, quota, read)?;
     let Some(write) = write else {
@@ -62,48 +61,26 @@ pub(crate) async fn put_in(
     lost_race(tx, put).await
 }
 
-/// The rows a put is decided on: the record at its key and, when its
-/// owner's quota is limited, the owner's usage.
+/// The rows a put is decided on: the owner's usage (when its quota is
+/// limited) and the record at its key.
 struct Read {
-    usage: Usage,
-    current: Option<MemoryRecord>,
+    usage: Option<Vec<tokio_postgres::Row>>,
+    current: Vec<tokio_postgres::Row>,
 }
 
 impl Read {
-    /// The rows of [`sql::SELECT_RECORD`].
-    fn unlimited(mut current: Vec<tokio_postgres::Row>) -> Result<Self, StoreError> {
-        at_most_one(current.len())?;
-        Ok(Self {
-            usage: Usage::default(),
-            current: current.pop().map(|row| record_out(&row)).transpose()?,
-        })
+    fn unlimited(current: Vec<tokio_postgres::Row>) -> Self {
+        Self {
+            usage: None,
+            current,
+        }
     }
 
-    /// The rows of [`sql::RECORD_AND_USAGE`].
-    fn limited(mut rows: Vec<tokio_postgres::Row>) -> Result<Self, StoreError> {
-        at_most_one(rows.len())?;
-        let row = rows
-            .pop()
-            .ok_or_else(|| StoreError::backend("the usage read returned no row"))?;
-        let records: i64 = row.try_get(12).map_err(crate::error::column)?;
-        let bytes: i64 = row.try_get(13).map_err(crate::error::column)?;
-        let owner: Option<&str> = row.try_get(0).map_err(crate::error::column)?;
-        Ok(Self {
-            usage: Usage {
-                records: u64_out(records, "record count")?,
-                bytes: u64_out(bytes, "byte count")?,
-            },
-            current: owner.map(|_| record_out(&row)).transpose()?,
-        })
-    }
-}
-
-fn at_most_one(records: usize) -> Result<(), StoreError> {
-    match records {
-        0 | 1 => Ok(()),
-        n => Err(StoreError::corrupt(format!(
-            "{n} records stored at one key"
-        ))),
+    fn limited(usage: Vec<tokio_postgres::Row>, current: Vec<tokio_postgres::Row>) -> Self {
+        Self {
+            usage: Some(usage),
+            current,
+        }
     }
 }
 
@@ -115,7 +92,21 @@ fn decide<'p>(
     quota: StorageQuota,
     read: Read,
 ) -> Result<(PutOutcome, Option<RowWrite<'p>>), StoreError> {
-    let Read { usage, current } = read;
+    let Read { usage, mut current } = read;
+    if current.len() > 1 {
+        return Err(StoreError::corrupt(format!(
+            "{} records stored at one key",
+            current.len()
+        )));
+    }
+    let usage = match usage {
+        Some(rows) => usage_out(&rows)?,
+        None => Usage::default(),
+    };
+    let current = match current.pop() {
+        Some(row) => Some(record_out(&row)?),
+        None => None,
+    };
     let outcome = decide_put(current.as_ref(), put, now, quota, usage);
     let write = match &outcome {
         PutOutcome::Written { record, .. } => {
@@ -316,18 +307,16 @@ pub(crate) async fn put_many(
 }
 
 /// Push the statements that read what `job` is decided on, in the order
-/// [`decide_read`] takes their answers: the record at `key` (the put's
-/// own); when the owner's quota is limited, the owner's quota lock (taken
-/// before anything is read) and then the record with the owner's usage,
-/// in one statement.
+/// [`decide_read`] takes their answers: the owner's quota lock (taken
+/// before anything is read) and usage when its quota is limited, then the
+/// record at `key`, the put's own.
 pub(crate) fn push_reads<'a>(out: &mut Vec<Stmt<'a>>, job: &PutJob, key: &'a [&'a str; 3]) {
     let [owner, namespace, key] = key;
-    if job.quota.is_unlimited() {
-        out.push((sql::SELECT_RECORD, vec![owner, namespace, key]));
-    } else {
+    if !job.quota.is_unlimited() {
         out.push((sql::QUOTA_LOCK, vec![&QUOTA_LOCK_RECORDS, owner]));
-        out.push((sql::RECORD_AND_USAGE, vec![owner, namespace, key]));
+        out.push((sql::OWNER_USAGE, vec![owner]));
     }
+    out.push((sql::SELECT_RECORD, vec![owner, namespace, key]));
 }
 
 /// Decide `job` on the answers to its reads ([`push_reads`]), taken from
@@ -342,9 +331,10 @@ pub(crate) fn decide_read<'p>(
         Read::unlimited(next_rows(rows)?)
     } else {
         let _lock = next_rows(rows)?;
-        Read::limited(next_rows(rows)?)
+        let usage = next_rows(rows)?;
+        Read::limited(usage, next_rows(rows)?)
     };
-    Ok(read.and_then(|read| decide(&job.put, job.now, job.quota, read)))
+    Ok(decide(&job.put, job.now, job.quota, read))
 }
 
 fn next_rows(

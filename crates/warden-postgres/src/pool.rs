@@ -554,6 +554,29 @@ impl Tx<'_> {
             .await
     }
 
+    /// Three queries pipelined (one round trip), answered in order; the
+    /// first error wins. Each runs after the one before it, as if awaited
+    /// one by one (a lock the first takes is held when the others read).
+    pub(crate) async fn query3(
+        &mut self,
+        a: (&'static str, Params<'_>),
+        b: (&'static str, Params<'_>),
+        c: (&'static str, Params<'_>),
+    ) -> Result<[Vec<Row>; 3], StoreError> {
+        let sa = self.stmts.get(&self.tx, a.0).await?;
+        let sb = self.stmts.get(&self.tx, b.0).await?;
+        let sc = self.stmts.get(&self.tx, c.0).await?;
+        let prefix = std::mem::take(&mut self.prefix);
+        let tx = &self.tx;
+        self.stmts
+            .exchange(after_prefix(tx, prefix, &mut self.head, async {
+                let (ra, rb, rc) =
+                    tokio::join!(tx.query(&sa, a.1), tx.query(&sb, b.1), tx.query(&sc, c.1));
+                Ok([ra?, rb?, rc?])
+            }))
+            .await
+    }
+
     /// Statements pipelined (one round trip, with a pending savepoint),
     /// each run after the one before it as if awaited one by one; their
     /// rows in order. The first error wins (PostgreSQL fails every

@@ -34,16 +34,6 @@ pub const GET_RECORDS: &str = "SELECT owner, namespace, key, value, visibility, 
 pub const SELECT_RECORD: &str = "SELECT owner, namespace, key, value, visibility, class, combine, \
      grants, expires_at, revision, created_at, updated_at \
      FROM memory WHERE owner = $1 AND namespace = $2 AND key = $3";
-/// The record at a key (columns as [`SELECT_RECORD`], all null when there
-/// is none) and its owner's usage (records and value bytes, the last two
-/// columns), in one statement: one row, or one per record at the key
-/// (more than one is corrupt). Read after the owner's quota lock.
-pub const RECORD_AND_USAGE: &str = "SELECT m.owner, m.namespace, m.key, m.value, m.visibility, \
-     m.class, m.combine, m.grants, m.expires_at, m.revision, m.created_at, m.updated_at, \
-     u.records, u.bytes \
-     FROM (SELECT count(*) AS records, coalesce(sum(value_bytes), 0)::bigint AS bytes \
-       FROM memory WHERE owner = $1) u \
-     LEFT JOIN memory m ON m.owner = $1 AND m.namespace = $2 AND m.key = $3";
 pub const SELECT_REVISION: &str =
     "SELECT revision FROM memory WHERE owner = $1 AND namespace = $2 AND key = $3";
 /// Create-only: zero rows means the record exists.

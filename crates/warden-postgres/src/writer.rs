@@ -874,7 +874,7 @@ async fn pipelined_puts(conn: &mut Conn, ops: &[PutOp]) -> Flight<PutsDone> {
         .prepare(&[
             sql::LOCK_HEAD,
             sql::QUOTA_LOCK,
-            sql::RECORD_AND_USAGE,
+            sql::OWNER_USAGE,
             sql::SELECT_RECORD,
             sql::INSERT_RECORD_ONE,
             sql::UPDATE_RECORD_ONE,
