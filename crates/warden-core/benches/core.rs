@@ -100,6 +100,21 @@ fn records(total: usize, filler_agents: usize) -> MemoryIndex {
     idx
 }
 
+/// `n` filler ids (`f0`...) drawn at random (SplitMix64) among `agents`.
+fn random_ids(agents: usize, n: usize) -> Vec<AgentId> {
+    let mut x = 0x5EED_u64;
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            AgentId::parse(&format!("f{}", z % agents as u64)).unwrap()
+        })
+        .collect()
+}
+
 fn capability(c: &mut Criterion) {
     let p = policy();
     let mut g = c.benchmark_group("capability_check");
@@ -114,6 +129,18 @@ fn capability(c: &mut Criterion) {
                 let idx = h.index_of(black_box("f500")).unwrap();
                 let a = p.catalogue.index_of(black_box("artifact.save")).unwrap();
                 black_box(h.has_capability(idx, a.get()))
+            })
+        });
+        // A different agent per call, drawn from a ring of 65,536 ids (the
+        // comparison's random-agent question): at 10^6 agents the id table
+        // and the nodes are far larger than the cache.
+        let ring = random_ids(agents, 1 << 16);
+        let mut at = 0usize;
+        g.bench_with_input(BenchmarkId::new("random_agent", agents), &agents, |b, _| {
+            b.iter(|| {
+                at = (at + 1) & ((1 << 16) - 1);
+                let idx = h.index_of(ring[at].as_str()).unwrap();
+                black_box(h.has_capability(idx, action) & h.lineage_declares(idx, action))
             })
         });
     }
@@ -226,6 +253,57 @@ fn resolve_depth(c: &mut Criterion) {
     g.finish();
 }
 
+/// A random reader per call (the comparison's S3 at scale): a chain of 32
+/// agents and `agents` fillers under its root, three records per chain
+/// agent (one per visibility) and one for each of eight fillers, every key
+/// held once; each call asks for one of those keys as a random filler.
+fn resolve_random(c: &mut Criterion) {
+    let p = policy();
+    let mut g = c.benchmark_group("resolve_random_reader");
+    for agents in [1_000usize, 1_000_000] {
+        let (h, _) = hierarchy(&p, 32, agents);
+        let mut idx = MemoryIndex::new();
+        let mut keys = Vec::new();
+        for i in 0..32 {
+            for (v, vis) in [
+                ("private", Visibility::Private),
+                ("children", Visibility::Children),
+                ("descendants", Visibility::Descendants),
+            ] {
+                let key = format!("r_{i}_{v}");
+                let mut r = record(&format!("c{i}"), "s3", &key, 1);
+                r.visibility = vis;
+                idx.insert(r);
+                keys.push(key);
+            }
+        }
+        for j in 0..8 {
+            let key = format!("r_f{j}");
+            idx.insert(record(&format!("f{j}"), "s3", &key, 1));
+            keys.push(key);
+        }
+        let ring: Vec<&str> = (0..1usize << 16)
+            .map(|i| keys[(i * 7) % keys.len()].as_str())
+            .collect();
+        let names = random_ids(agents, 1 << 16);
+        let mut at = 0usize;
+        g.bench_with_input(BenchmarkId::new("by_name", agents), &agents, |b, _| {
+            b.iter(|| {
+                at = (at + 1) & ((1 << 16) - 1);
+                let reader = h.index_of(names[at].as_str()).unwrap();
+                let view = idx.view("s3", ring[at]);
+                black_box(warden_core::memory::resolve_in(
+                    &h,
+                    reader,
+                    view,
+                    Timestamp(1),
+                ))
+            })
+        });
+    }
+    g.finish();
+}
+
 fn sop_json(steps: usize) -> String {
     let kinds = [
         json!({"action": "document.summarize", "arguments": {"document_id": "fixture-1"}}),
@@ -287,5 +365,12 @@ fn preflight_len(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, capability, ancestry, resolve_depth, preflight_len);
+criterion_group!(
+    benches,
+    capability,
+    ancestry,
+    resolve_depth,
+    resolve_random,
+    preflight_len
+);
 criterion_main!(benches);

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 /// inline and longer ones behind an `Arc`, so cloning a [`Decision`] (or
 /// building one from an identifier) never allocates for them.
 pub use smol_str::SmolStr;
+use smol_str::SmolStrBuilder;
 
 use crate::ids::{AgentId, Label};
 use crate::time::Timestamp;
@@ -74,23 +75,27 @@ impl fmt::Display for Verdict {
 ///
 /// Codes are part of Warden's contract: clients and tests match on them.
 /// Modules define their codes as constants (see [`reasons`]).
+///
+/// Held as a [`SmolStr`]: a code is a static string and a code with its
+/// parameter up to 23 bytes is held inline, so most reasons cost no
+/// allocation (a resolve's `visible_from:<owner>` among them).
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct Reason(Cow<'static, str>);
+pub struct Reason(SmolStr);
 
 impl Reason {
     /// A parameterless code.
     pub const fn code(code: &'static str) -> Self {
-        Self(Cow::Borrowed(code))
+        Self(SmolStr::new_static(code))
     }
 
     /// A code with one parameter: `prefix:param`.
     pub fn with_param(prefix: &str, param: &str) -> Self {
-        let mut s = String::with_capacity(prefix.len() + 1 + param.len());
+        let mut s = SmolStrBuilder::new();
         s.push_str(prefix);
         s.push(':');
         s.push_str(param);
-        Self(Cow::Owned(s))
+        Self(s.finish())
     }
 
     /// The code as a string.
@@ -100,7 +105,7 @@ impl Reason {
 
     /// A code from an owned string (as read back from storage).
     pub fn from_string(code: String) -> Self {
-        Self(Cow::Owned(code))
+        Self(SmolStr::from(code))
     }
 
     /// The part before the first colon (the code without its parameter).

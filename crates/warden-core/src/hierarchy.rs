@@ -111,24 +111,37 @@ impl AgentIdx {
 }
 
 /// One registered agent.
+///
+/// Laid out for a forest far larger than the cache: the fields every
+/// decision reads (the id a lookup compares, the effective and inherited
+/// capabilities, the status, the depth and the parent's path for ancestor
+/// questions) fill the node's first cache line, and nodes start on a line,
+/// so a question about a cold agent costs one line of its node.
 #[derive(Debug, Clone)]
+#[repr(C, align(64))]
 pub struct AgentNode {
+    // The first cache line: 24 + 16 + 16 + 4 + 2 + 1 bytes.
     id: AgentId,
-    parent: Option<AgentIdx>,
-    declared: BTreeSet<ActionName>,
     effective: CapSet,
     /// What the agent and its ancestors declare (catalogue indices).
     inherited: CapSet,
-    depth: u32,
+    /// Offset in `Hierarchy::paths` of its parent's lineage (`NO_PATH` for
+    /// a root).
+    parent_path: u32,
+    depth: u16,
     status: AgentStatus,
+    // The second line.
+    parent: Option<AgentIdx>,
+    declared: BTreeSet<ActionName>,
     children: Vec<AgentIdx>,
     /// Offset in `Hierarchy::paths` of its own lineage (root first), once
     /// it has a child; `NO_PATH` before.
     path: u32,
-    /// Offset in `Hierarchy::paths` of its parent's lineage (`NO_PATH` for
-    /// a root).
-    parent_path: u32,
 }
+
+/// The most agents a lineage may hold, whatever
+/// [`HierarchyLimits::max_depth`] says (a node keeps its depth in 16 bits).
+pub const MAX_LINEAGE: u32 = 1 << 16;
 
 /// No lineage stored (a leaf's own path, a root's parent path).
 const NO_PATH: u32 = u32::MAX;
@@ -156,8 +169,9 @@ impl AgentNode {
         &self.inherited
     }
     /// 0 for a root, 1 for its children, ...
+    #[inline]
     pub fn depth(&self) -> u32 {
-        self.depth
+        u32::from(self.depth)
     }
     /// Active or revoked.
     pub fn status(&self) -> AgentStatus {
@@ -245,45 +259,84 @@ impl PreparedAgent {
     }
 }
 
-/// Agent ids to their index: a table of indices alone (4 bytes a slot),
-/// each compared through its node's own id. A lookup in a forest far larger
-/// than the cache then reads the small table (which stays cached) and the
-/// node it needs anyway, instead of a table slot holding a copy of the id.
+/// Agent ids to their index: an open-addressed table of 8-byte slots, each
+/// the high 32 bits of the id's hash beside the node's index plus one (0
+/// marks an empty slot), probed linearly and kept at most half full. A
+/// lookup reads one slot (one cache line, with its neighbours) and compares
+/// the id through the node only where the hash bits match, so a question
+/// about a cold agent in a forest far larger than the cache costs the
+/// slot's line and its node's first line.
 #[derive(Clone, Default)]
 struct IdIndex {
-    table: hashbrown::HashTable<AgentIdx>,
+    /// A power of two long (or empty).
+    slots: Vec<u64>,
+    len: usize,
     state: foldhash::fast::RandomState,
 }
 
 impl fmt::Debug for IdIndex {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IdIndex")
-            .field("len", &self.table.len())
-            .finish()
+        f.debug_struct("IdIndex").field("len", &self.len).finish()
     }
 }
 
 impl IdIndex {
     #[inline]
-    fn get(&self, nodes: &[AgentNode], id: &str) -> Option<AgentIdx> {
-        let hash = self.state.hash_one(id);
-        self.table
-            .find(hash, |i| {
-                nodes.get(i.get()).is_some_and(|n| n.id.as_str() == id)
-            })
-            .copied()
+    fn slot(hash: u64, idx: AgentIdx) -> u64 {
+        (hash & !u64::from(u32::MAX)) | (u64::from(idx.0) + 1)
     }
 
-    /// Add `id` at `idx` (not yet in `nodes`; every index already in the
-    /// table is).
+    #[inline]
+    fn get(&self, nodes: &[AgentNode], id: &str) -> Option<AgentIdx> {
+        let mask = self.slots.len().checked_sub(1)?;
+        let hash = self.state.hash_one(id);
+        let tag = hash >> 32;
+        let mut at = hash as usize & mask;
+        loop {
+            let slot = *self.slots.get(at)?;
+            if slot == 0 {
+                return None;
+            }
+            if slot >> 32 == tag {
+                let idx = (slot as u32).wrapping_sub(1);
+                if nodes.get(idx as usize).is_some_and(|n| n.id.as_str() == id) {
+                    return Some(AgentIdx(idx));
+                }
+            }
+            at = (at + 1) & mask;
+        }
+    }
+
+    /// Add `id` at `idx`, which must be below `u32::MAX` (not yet in
+    /// `nodes`; every index already in the table is).
     fn insert(&mut self, nodes: &[AgentNode], id: &str, idx: AgentIdx) {
-        let state = &self.state;
-        let hash = state.hash_one(id);
-        self.table.insert_unique(hash, idx, |i| {
-            nodes
-                .get(i.get())
-                .map_or(0, |n| state.hash_one(n.id.as_str()))
-        });
+        if (self.len + 1) * 2 > self.slots.len() {
+            let size = (self.slots.len() * 2).max(16);
+            let old = std::mem::replace(&mut self.slots, vec![0; size]);
+            for slot in old.into_iter().filter(|s| *s != 0) {
+                let i = (slot as u32).wrapping_sub(1);
+                if let Some(n) = nodes.get(i as usize) {
+                    let hash = self.state.hash_one(n.id.as_str());
+                    self.place(hash, slot);
+                }
+            }
+        }
+        let hash = self.state.hash_one(id);
+        self.place(hash, Self::slot(hash, idx));
+        self.len += 1;
+    }
+
+    /// Put `slot` in the first empty slot from `hash`'s.
+    fn place(&mut self, hash: u64, slot: u64) {
+        let mask = self.slots.len() - 1;
+        let mut at = hash as usize & mask;
+        while let Some(s) = self.slots.get_mut(at) {
+            if *s == 0 {
+                *s = slot;
+                return;
+            }
+            at = (at + 1) & mask;
+        }
     }
 }
 
@@ -440,16 +493,18 @@ impl Hierarchy {
                     .intersection(&declared_set)
                     .difference(&self.non_root_forbidden);
                 let inherited = pnode.inherited.union(&declared_set);
-                (Some(pidx), pnode.depth + 1, effective, inherited)
+                (Some(pidx), pnode.depth() + 1, effective, inherited)
             }
         };
-        if depth + 1 > self.limits.max_depth {
+        let limit = self.limits.max_depth.min(MAX_LINEAGE);
+        let stored = u16::try_from(depth).ok().filter(|_| depth < limit);
+        let Some(depth) = stored else {
             return Err(HierarchyError::TooDeep {
                 agent: spec.id.clone(),
-                depth: depth + 1,
-                limit: self.limits.max_depth,
+                depth: depth.saturating_add(1),
+                limit,
             });
-        }
+        };
         Ok(PreparedAgent {
             node: AgentNode {
                 id: spec.id.clone(),
@@ -473,7 +528,11 @@ impl Hierarchy {
         if self.index_of(node.id.as_str()).is_some() {
             return Err(HierarchyError::DuplicateAgent(node.id));
         }
-        let idx = AgentIdx(u32::try_from(self.nodes.len()).map_err(|_| HierarchyError::Full)?);
+        let idx = u32::try_from(self.nodes.len())
+            .ok()
+            .filter(|i| *i < u32::MAX)
+            .map(AgentIdx)
+            .ok_or(HierarchyError::Full)?;
         if let Some(p) = node.parent {
             node.parent_path = self.path_of(p, &node.id)?;
             match self.nodes.get_mut(p.get()) {
@@ -713,6 +772,29 @@ mod tests {
         assert_eq!(err.reason(), reasons::HIERARCHY_CYCLE);
         assert!(bulk.is_empty());
         assert_eq!(HierarchyError::Full.reason(), reasons::DEPTH_EXCEEDED);
+    }
+
+    #[test]
+    fn what_a_decision_reads_sits_in_the_first_cache_line_of_a_node() {
+        use std::mem::{align_of, offset_of, size_of};
+        assert_eq!(align_of::<AgentNode>(), 64);
+        assert_eq!(size_of::<AgentNode>(), 128);
+        for (field, end) in [
+            ("id", offset_of!(AgentNode, id) + size_of::<AgentId>()),
+            (
+                "effective",
+                offset_of!(AgentNode, effective) + size_of::<CapSet>(),
+            ),
+            (
+                "inherited",
+                offset_of!(AgentNode, inherited) + size_of::<CapSet>(),
+            ),
+            ("parent_path", offset_of!(AgentNode, parent_path) + 4),
+            ("depth", offset_of!(AgentNode, depth) + 2),
+            ("status", offset_of!(AgentNode, status) + 1),
+        ] {
+            assert!(end <= 64, "{field} ends at byte {end}");
+        }
     }
 
     #[test]
