@@ -1,21 +1,52 @@
 //! An in-memory index of records, for allocation-free lookups.
 
 use super::MemoryRecord;
+use std::hash::BuildHasher as _;
+
+use hashbrown::hash_table::{self, HashTable};
+
 use crate::FastMap as HashMap;
 use crate::ids::{AgentId, Key, Namespace};
 
-/// An in-memory index of records: `namespace → key → records by owner`.
+/// An in-memory index of records: `(namespace, key) → records by owner`.
 ///
 /// Lookups borrow `&str`, so resolving allocates nothing. The owners of one
 /// key are kept in a short vector while there are few of them and in a hash
 /// map once there are many. A resolve ([`resolve_in`](super::resolve_in))
-/// costs one lookup of the namespace and key, then, whatever the total
-/// number of records, either one hierarchy lookup per record at the key
-/// (while there are few) or one cheap owner lookup per lineage level.
-#[derive(Debug, Clone, Default)]
+/// costs one lookup of the namespace and key together (one table, so a
+/// cold key costs its table slot and its entry, not a namespace's table
+/// and then the key's), then, whatever the total number of records, either
+/// one hierarchy lookup per record at the key (while there are few) or one
+/// cheap owner lookup per lineage level.
+#[derive(Clone, Default)]
 pub struct MemoryIndex {
-    by_key: HashMap<Namespace, HashMap<Key, Slot>>,
+    by_key: HashTable<Entry>,
+    state: foldhash::fast::RandomState,
     len: usize,
+}
+
+/// One `namespace.key` and its records.
+#[derive(Debug, Clone)]
+struct Entry {
+    namespace: Namespace,
+    key: Key,
+    slot: Slot,
+}
+
+impl std::fmt::Debug for MemoryIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryIndex")
+            .field("keys", &self.by_key.len())
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// The hash of a `namespace.key` pair (each part's length is hashed with
+/// it, so `("a", "bc")` and `("ab", "c")` differ).
+#[inline]
+fn hash_of(state: &foldhash::fast::RandomState, namespace: &str, key: &str) -> u64 {
+    state.hash_one((namespace, key))
 }
 
 /// Owners of one key: a vector up to [`SLOT_SCAN_LIMIT`] entries, a map above.
@@ -60,7 +91,14 @@ impl MemoryIndex {
     /// `resolve_bounded(reader, lineage, |o| view.get(o.as_str()), now, view.len())`.
     #[inline]
     pub fn view(&self, namespace: &str, key: &str) -> KeyView<'_> {
-        KeyView(self.by_key.get(namespace).and_then(|m| m.get(key)))
+        let hash = hash_of(&self.state, namespace, key);
+        KeyView(
+            self.by_key
+                .find(hash, |e| {
+                    e.key.as_str() == key && e.namespace.as_str() == namespace
+                })
+                .map(|e| &e.slot),
+        )
     }
 
     /// The record `owner` holds at `namespace.key`.
@@ -70,12 +108,26 @@ impl MemoryIndex {
 
     /// Insert or replace `record` (by owner, namespace and key).
     pub fn insert(&mut self, record: MemoryRecord) {
-        let slot = self
-            .by_key
-            .entry(record.namespace.clone())
-            .or_default()
-            .entry(record.key.clone())
-            .or_insert_with(|| Slot::Few(Vec::new()));
+        let state = &self.state;
+        let (namespace, key) = (record.namespace.as_str(), record.key.as_str());
+        let entry = self.by_key.entry(
+            hash_of(state, namespace, key),
+            |e| e.key.as_str() == key && e.namespace.as_str() == namespace,
+            |e| hash_of(state, e.namespace.as_str(), e.key.as_str()),
+        );
+        let slot = match entry {
+            hash_table::Entry::Occupied(o) => &mut o.into_mut().slot,
+            hash_table::Entry::Vacant(v) => {
+                &mut v
+                    .insert(Entry {
+                        namespace: record.namespace.clone(),
+                        key: record.key.clone(),
+                        slot: Slot::Few(Vec::new()),
+                    })
+                    .into_mut()
+                    .slot
+            }
+        };
         let added = match slot {
             Slot::Few(v) => {
                 if let Some(existing) = v.iter_mut().find(|r| r.owner == record.owner) {
@@ -101,7 +153,13 @@ impl MemoryIndex {
 
     /// Remove the record `owner` holds at `namespace.key`.
     pub fn remove(&mut self, owner: &str, namespace: &str, key: &str) -> Option<MemoryRecord> {
-        let slot = self.by_key.get_mut(namespace)?.get_mut(key)?;
+        let hash = hash_of(&self.state, namespace, key);
+        let slot = &mut self
+            .by_key
+            .find_mut(hash, |e| {
+                e.key.as_str() == key && e.namespace.as_str() == namespace
+            })?
+            .slot;
         let removed = match slot {
             Slot::Few(v) => {
                 let at = v.iter().position(|r| r.owner.as_str() == owner)?;
@@ -118,9 +176,8 @@ impl MemoryIndex {
     /// Every record, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = &MemoryRecord> {
         self.by_key
-            .values()
-            .flat_map(|m| m.values())
-            .flat_map(|slot| KeyView(Some(slot)).iter())
+            .iter()
+            .flat_map(|e| KeyView(Some(&e.slot)).iter())
     }
 }
 

@@ -270,7 +270,66 @@ fn index_switches_to_a_map_and_keeps_counts() {
     assert!(idx.view("ns", "other").get("o1").is_none());
 }
 
+fn at(owner: &str, namespace: &str, key: &str, v: i64) -> MemoryRecord {
+    let mut r = rec(
+        owner,
+        json!(v),
+        Visibility::Private,
+        RecordClass::Preference,
+    );
+    r.namespace = Namespace::parse(namespace).unwrap();
+    r.key = Key::parse(key).unwrap();
+    r
+}
+
+#[test]
+fn a_namespace_and_key_are_one_lookup_and_never_run_together() {
+    let mut idx = MemoryIndex::new();
+    idx.insert(at("o", "ab", "c", 1));
+    idx.insert(at("o", "a", "bc", 2));
+    idx.insert(at("o", "abc", "d", 3));
+    assert_eq!(idx.get("o", "ab", "c").unwrap().value, json!(1));
+    assert_eq!(idx.get("o", "a", "bc").unwrap().value, json!(2));
+    assert!(idx.get("o", "abc", "").is_none());
+    assert!(idx.get("o", "ab", "bc").is_none());
+    assert_eq!(idx.len(), 3);
+    assert!(idx.remove("o", "ab", "c").is_some());
+    assert!(idx.get("o", "ab", "c").is_none());
+    assert_eq!(idx.get("o", "a", "bc").unwrap().value, json!(2));
+    assert_eq!(idx.len(), 2);
+}
+
 proptest::proptest! {
+    /// The index answers like a map from (owner, namespace, key) over any
+    /// sequence of inserts and removes, past the table's growth and the
+    /// switch of a key's owners from a vector to a map.
+    #[test]
+    fn the_index_answers_like_a_map_of_triples(
+        ops in proptest::collection::vec((proptest::bool::ANY, 0u8..24, 0u8..6, 0u8..40, 0i64..5), 0..300),
+    ) {
+        let mut idx = MemoryIndex::new();
+        let mut model = std::collections::BTreeMap::new();
+        for (put, owner, ns, key, v) in ops {
+            let (o, n, k) = (format!("o{owner}"), format!("n{ns}"), format!("k{key}"));
+            if put {
+                idx.insert(at(&o, &n, &k, v));
+                model.insert((o, n, k), v);
+            } else {
+                let removed = idx.remove(&o, &n, &k).map(|r| r.value);
+                proptest::prop_assert_eq!(removed, model.remove(&(o, n, k)).map(|v| json!(v)));
+            }
+            proptest::prop_assert_eq!(idx.len(), model.len());
+        }
+        for ((o, n, k), v) in &model {
+            proptest::prop_assert_eq!(idx.get(o, n, k).map(|r| r.value.clone()), Some(json!(v)));
+        }
+        proptest::prop_assert_eq!(idx.iter().count(), model.len());
+        for r in idx.iter() {
+            let triple = (r.owner.to_string(), r.namespace.to_string(), r.key.to_string());
+            proptest::prop_assert!(model.contains_key(&triple));
+        }
+    }
+
     /// Stopping once every record of the key has been met never
     /// changes the answer.
     #[test]
