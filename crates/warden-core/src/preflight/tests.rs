@@ -54,6 +54,15 @@ fn policies() -> &'static [Policy; 2] {
     &POLICIES
 }
 
+/// The preflight context of `policy` over `h`.
+fn context<'a>(policy: &'a Policy, h: &'a Hierarchy) -> PreflightContext<'a> {
+    PreflightContext {
+        hierarchy: h,
+        catalogue: &policy.catalogue,
+        policy_version: &policy.version,
+    }
+}
+
 fn hierarchy(policy: &Policy) -> Hierarchy {
     let mut h = policy.empty_hierarchy();
     let specs: Vec<_> = policy.agents.iter().map(seed_spec).collect();
@@ -215,11 +224,7 @@ fn gate_matches_engine(
 fn admission_on_the_example_bundle_matches_the_engine() {
     for policy in policies() {
         let h = hierarchy(policy);
-        let ctx = PreflightContext {
-            hierarchy: &h,
-            catalogue: &policy.catalogue,
-            policy_version: &policy.version,
-        };
+        let ctx = context(policy, &h);
         let cp = policy.context.as_ref().unwrap();
         let envelopes = [
             root(cp),
@@ -272,11 +277,7 @@ fn admission_on_the_example_bundle_matches_the_engine() {
 fn a_restricted_starting_envelope_rejects_the_export_step_only() {
     let [policy, _] = policies();
     let h = hierarchy(policy);
-    let ctx = PreflightContext {
-        hierarchy: &h,
-        catalogue: &policy.catalogue,
-        policy_version: &policy.version,
-    };
+    let ctx = context(policy, &h);
     let cp = policy.context.as_ref().unwrap();
     let sop = sop_from_value(
         &json!({"sop_id": "export", "version": 1, "steps": [
@@ -440,11 +441,7 @@ proptest! {
         let [lab, strict_lab] = policies();
         let policy = if strict { strict_lab } else { lab };
         let h = hierarchy(policy);
-        let ctx = PreflightContext {
-            hierarchy: &h,
-            catalogue: &policy.catalogue,
-            policy_version: &policy.version,
-        };
+        let ctx = context(policy, &h);
         let cp = policy.context.as_ref().unwrap();
         let e = envelope(cp, &folds, delegated);
         let run = with_context.then_some(RunContext { envelope: &e, policy: cp });
@@ -507,11 +504,7 @@ fn full_decision(actor: &AgentId, sop: &Sop, version: &str, check: &StepCheck) -
 fn step_decisions_and_the_serialised_form_are_the_full_ones() {
     let [policy, _] = policies();
     let h = hierarchy(policy);
-    let ctx = PreflightContext {
-        hierarchy: &h,
-        catalogue: &policy.catalogue,
-        policy_version: &policy.version,
-    };
+    let ctx = context(policy, &h);
     let mut sops: Vec<Sop> = SOPS
         .iter()
         .map(|t| parse_sop(t, &policy.sop_limits).unwrap())
@@ -567,11 +560,7 @@ fn step_decisions_and_the_serialised_form_are_the_full_ones() {
 fn a_serialised_preflight_whose_decisions_disagree_is_refused() {
     let [policy, _] = policies();
     let h = hierarchy(policy);
-    let ctx = PreflightContext {
-        hierarchy: &h,
-        catalogue: &policy.catalogue,
-        policy_version: &policy.version,
-    };
+    let ctx = context(policy, &h);
     let sop = parse_sop(SOPS[5], &policy.sop_limits).unwrap();
     let p = preflight(&ctx, &AgentId::parse("researcher").unwrap(), &sop, NOW);
     assert!(p.steps.len() > 1);
