@@ -329,12 +329,22 @@ pub fn assess(ctx: &GateContext<'_>, call: &GateCall<'_>, prior: Verdicts) -> As
         let pd = compiled
             .provenance()
             .decide_except(call.arguments, call.index, &exempt);
+        provenance.reserve_exact(pd.arguments.iter().map(|a| a.values.len()).sum());
         for arg in pd.arguments {
-            for p in arg.values {
+            // The rule's path and origins go to each of its values: cloned
+            // for all but the last, which takes them.
+            let last = arg.values.len().saturating_sub(1);
+            let (mut rule, mut from) = (arg.argument, arg.from);
+            for (i, p) in arg.values.into_iter().enumerate() {
                 let by_plan = exempt.iter().any(|e| covers(e, &p.path));
+                let (rule, from) = if i == last {
+                    (std::mem::take(&mut rule), std::mem::take(&mut from))
+                } else {
+                    (rule.clone(), from.clone())
+                };
                 provenance.push(CheckedValue {
-                    rule: arg.argument.clone(),
-                    from: arg.from.clone(),
+                    rule,
+                    from,
                     by_plan,
                     provenance: p,
                 });

@@ -77,7 +77,56 @@ fn tokenise(text: &str) -> Vec<String> {
 
 /// Call `f` with each token of `text` in order (see the module docs),
 /// numbers in canonical form; nothing is allocated but a rewritten number.
-pub(crate) fn each_token(text: &str, mut f: impl FnMut(&str)) {
+pub(crate) fn each_token(text: &str, f: impl FnMut(&str)) {
+    if text.is_ascii() {
+        each_ascii_token(text, f);
+    } else {
+        each_unicode_token(text, f);
+    }
+}
+
+/// [`each_token`] for ASCII text, byte by byte: the same tokens (an ASCII
+/// word character is a letter or digit, ASCII whitespace is tab to carriage
+/// return and space), without decoding characters.
+fn each_ascii_token(text: &str, mut f: impl FnMut(&str)) {
+    let bytes = text.as_bytes();
+    let at = |i: usize| bytes.get(i).copied();
+    let mut i = 0;
+    while let Some(c) = at(i) {
+        if matches!(c, b'\t'..=b'\r' | b' ') {
+            i += 1;
+            continue;
+        }
+        if !c.is_ascii_alphanumeric() {
+            f(text.get(i..i + 1).unwrap_or(""));
+            i += 1;
+            continue;
+        }
+        let start = i;
+        let mut digits = true;
+        while let Some(n) = at(i).filter(u8::is_ascii_alphanumeric) {
+            digits &= n.is_ascii_digit();
+            i += 1;
+        }
+        // A run of digits followed by `.` and a digit is a decimal.
+        let decimal =
+            digits && at(i) == Some(b'.') && at(i + 1).is_some_and(|d| d.is_ascii_digit());
+        if decimal {
+            i += 1;
+            while at(i).is_some_and(|d| d.is_ascii_digit()) {
+                i += 1;
+            }
+        }
+        let token = text.get(start..i).unwrap_or("");
+        match decimal.then(|| canonical_number(token)).flatten() {
+            Some(n) if n != token => f(&n),
+            _ => f(token),
+        }
+    }
+}
+
+/// [`each_token`] for any text, character by character.
+fn each_unicode_token(text: &str, mut f: impl FnMut(&str)) {
     let mut chars = text.char_indices().peekable();
     while let Some((start, c)) = chars.next() {
         if c.is_whitespace() {
@@ -115,8 +164,10 @@ pub(crate) fn each_token(text: &str, mut f: impl FnMut(&str)) {
             }
         }
         let token = text.get(start..end).unwrap_or("");
-        // Only a run of digits (with its decimals) can be a number.
-        match digits.then(|| canonical_number(token)).flatten() {
+        // Only a run of digits with its decimals can be rewritten (a plain
+        // run of digits is already canonical: no sign, no fraction, leading
+        // zeros kept), so only such a token may allocate.
+        match decimal.then(|| canonical_number(token)).flatten() {
             Some(n) if n != token => f(&n),
             _ => f(token),
         }
@@ -200,7 +251,8 @@ pub(crate) fn each_skeleton_token(text: &str, mut f: impl FnMut(&str)) {
             .collect::<String>()
             .to_lowercase()
     };
-    let mut buf = String::new();
+    // A skeleton may be longer than its token (`m` is `rn`).
+    let mut buf = String::with_capacity(2 * folded.len());
     each_token(&folded, |t| {
         skeleton_into(t, &mut buf);
         f(&buf);
@@ -285,6 +337,19 @@ mod tests {
             .collect();
             prop_assert_eq!(skeleton_tokens(&text), general);
             prop_assert_eq!(exact_tokens(&text), tokenise(&text.nfc().collect::<String>()));
+        }
+    }
+
+    proptest! {
+        /// The byte-wise ASCII tokeniser gives the character-wise one's
+        /// tokens, control characters and numbers included.
+        #[test]
+        fn ascii_tokens_are_the_general_tokens(text in "[\\x00-\\x7f]{0,40}|[0-9. a-z+-]{0,40}") {
+            let mut fast = Vec::new();
+            each_ascii_token(&text, |t| fast.push(t.to_owned()));
+            let mut general = Vec::new();
+            each_unicode_token(&text, |t| general.push(t.to_owned()));
+            prop_assert_eq!(fast, general);
         }
     }
 

@@ -130,22 +130,38 @@ impl ValuePath {
     /// on a non-object, `[*]` on a non-array): the concrete path where it
     /// broke. An absent key selects nothing.
     pub(crate) fn select<'a>(&self, root: &'a Value) -> Result<Vec<(String, &'a Value)>, String> {
+        // The common rule, one key of the arguments object: no path to
+        // build step by step.
+        if let [Step::Key(k)] = &*self.steps {
+            return match root {
+                Value::Object(map) => Ok(map
+                    .get(&**k)
+                    .map(|v| vec![(String::from(&**k), v)])
+                    .unwrap_or_default()),
+                _ => Err(String::from(&**k)),
+            };
+        }
         let mut current: Vec<(String, &'a Value)> = vec![(String::new(), root)];
         for step in self.steps.iter() {
-            let mut next = Vec::new();
+            let mut next = Vec::with_capacity(current.len());
             for (path, value) in current {
                 match (step, value) {
                     (Step::Key(k), Value::Object(map)) => {
                         if let Some(v) = map.get(&**k) {
-                            let mut p = path;
-                            if !p.is_empty() {
+                            let p = if path.is_empty() {
+                                String::from(&**k)
+                            } else {
+                                let mut p = path;
+                                p.reserve_exact(1 + k.len());
                                 p.push('.');
-                            }
-                            p.push_str(k);
+                                p.push_str(k);
+                                p
+                            };
                             next.push((p, v));
                         }
                     }
                     (Step::Each, Value::Array(items)) => {
+                        next.reserve(items.len());
                         for (i, v) in items.iter().enumerate() {
                             next.push((indexed(&path, i), v));
                         }

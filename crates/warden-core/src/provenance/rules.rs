@@ -540,7 +540,7 @@ impl ActionProvenance {
         let mut budget = MAX_VALUES_PER_CALL;
         for rule in &self.rules {
             let mut arg = ArgumentProvenance {
-                argument: rule.path.to_string(),
+                argument: rule.path.as_str().to_owned(),
                 within: rule.within,
                 from: rule.from.clone(),
                 verdict: Verdict::Allow,
@@ -558,7 +558,7 @@ impl ActionProvenance {
                     continue;
                 }
             };
-            let mut leaves = Vec::new();
+            let mut leaves = Vec::with_capacity(selected.len());
             for (path, value) in selected {
                 collect_leaves(path, value, &mut leaves);
             }
@@ -574,6 +574,7 @@ impl ActionProvenance {
                 continue;
             }
             budget -= checks.len();
+            arg.values.reserve_exact(checks.len());
             let matching = rule.effective_matching();
             for check in checks {
                 let (path, value, embedded) = match check {
@@ -705,6 +706,10 @@ fn worse(a: Verdict, b: Verdict) -> Verdict {
 
 /// Scalars under `value` (itself if it is one), with concrete paths.
 fn collect_leaves<'a>(path: String, value: &'a Value, out: &mut Vec<(String, &'a Value)>) {
+    if !matches!(value, Value::Array(_) | Value::Object(_)) {
+        out.push((path, value));
+        return;
+    }
     // An explicit stack: argument nesting is bounded by the SOP limits, but
     // a value built in-process need not be.
     let mut stack = vec![(path, value)];

@@ -171,6 +171,9 @@ fn scalar_text(value: &Value) -> Option<String> {
 /// Fingerprints of one needle's tokens: most values have few.
 type Prints = SmallVec<[u64; 8]>;
 
+/// Fields a search found: most values occur in few.
+type Found = SmallVec<[u32; 8]>;
+
 /// A value prepared for search.
 pub(crate) struct Needle<'v> {
     /// The text, for the skeleton, which is computed only when needed.
@@ -426,7 +429,10 @@ impl SourceIndex {
             let folded = if t.is_ascii() {
                 if t.bytes().any(|b| b.is_ascii_uppercase()) {
                     lower.clear();
-                    lower.extend(t.chars().map(|c| c.to_ascii_lowercase()));
+                    // One buffer for every token of the value.
+                    lower.reserve(text.len());
+                    lower.push_str(t);
+                    lower.make_ascii_lowercase();
                     lower.as_str()
                 } else {
                     t
@@ -474,7 +480,7 @@ impl SourceIndex {
         tokens: &[u64],
         short: bool,
         keep: impl Fn(&Field) -> bool,
-        out: &mut Vec<u32>,
+        out: &mut Found,
     ) {
         let Some(first) = tokens.first() else {
             return;
@@ -518,7 +524,7 @@ impl SourceIndex {
             OriginHit {
                 origin: f.origin,
                 source: source.id.clone(),
-                field: f.path.to_string(),
+                field: String::from(&*f.path),
                 owner: owner.cloned(),
             },
             owner,
@@ -543,7 +549,7 @@ impl SourceIndex {
         let at = self.sources.iter().position(|s| &s.id == source)?;
         let at = u32::try_from(at).ok()?;
         let needle = self.needle(value, mode)?;
-        let mut fields = Vec::new();
+        let mut fields = Found::new();
         let vouching = |f: &Field| f.source == at && f.origin != Origin::Untrusted;
         match mode {
             MatchMode::Text => self.find(
@@ -594,7 +600,7 @@ impl SourceIndex {
             return ValueProvenance::nowhere(path, self.has_unsearchable());
         };
         let vouching = |f: &Field| f.origin != Origin::Untrusted;
-        let mut fields = Vec::new();
+        let mut fields = Found::new();
         match mode {
             MatchMode::Text => self.find(
                 Stream::Exact,
@@ -621,8 +627,10 @@ impl SourceIndex {
         fields.sort_unstable();
         fields.dedup();
 
-        let mut origins: Vec<Origin> = Vec::new();
-        let mut hits: Vec<OriginHit> = Vec::new();
+        // At most one entry per origin (six of them) and `MAX_HITS` hits:
+        // sized once, never grown.
+        let mut origins: Vec<Origin> = Vec::with_capacity(fields.len().clamp(1, 6));
+        let mut hits: Vec<OriginHit> = Vec::with_capacity(fields.len().min(MAX_HITS));
         for &f in &fields {
             let Some((hit, _)) = self.hit(f) else {
                 continue;
@@ -643,7 +651,7 @@ impl SourceIndex {
         if !origins.iter().any(|o| o.vouches()) {
             // A case variant of a vouching source is not a look-alike: it is
             // unvouched under `text`, nothing more.
-            let mut caseless = Vec::new();
+            let mut caseless = Found::new();
             self.find(
                 Stream::Caseless,
                 &needle.caseless,
@@ -652,7 +660,7 @@ impl SourceIndex {
                 &mut caseless,
             );
             if caseless.is_empty() {
-                let mut look_alikes = Vec::new();
+                let mut look_alikes = Found::new();
                 self.find(
                     Stream::Skeleton,
                     &self.skeleton(&needle),
