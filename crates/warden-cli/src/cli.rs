@@ -42,6 +42,13 @@ enum Command {
         /// rotate` takes effect within it).
         #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
         sync_interval_ms: u64,
+        /// On PostgreSQL: how many group-commit writers this server runs,
+        /// each with a connection of its own. Every server's writers take
+        /// turns at the one audit head lock, so more writers mean smaller
+        /// groups; a second one helps only a lone server a few milliseconds
+        /// from its database.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=16))]
+        pg_writers: u64,
         #[command(flatten)]
         audit_signing: crate::checkpoint::AuditSigningArgs,
         /// Most client connections open at once; a connection past the
@@ -217,6 +224,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             database,
             listen,
             sync_interval_ms,
+            pg_writers,
             audit_signing,
             max_connections,
             header_timeout_ms,
@@ -226,6 +234,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             &database,
             &listen,
             std::time::Duration::from_millis(sync_interval_ms),
+            usize::try_from(pg_writers).unwrap_or(1),
             &audit_signing,
             warden_server::ConnectionLimits {
                 max_connections: usize::try_from(max_connections).unwrap_or(usize::MAX),

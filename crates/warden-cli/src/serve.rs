@@ -39,6 +39,7 @@ pub fn run(
     database: &str,
     listen: &str,
     sync_interval: Duration,
+    pg_writers: usize,
     audit_signing: &crate::checkpoint::AuditSigningArgs,
     limits: ConnectionLimits,
 ) -> anyhow::Result<ExitCode> {
@@ -53,6 +54,7 @@ pub fn run(
         database,
         listen,
         sync_interval,
+        pg_writers,
         audit_signing,
         limits,
     ))
@@ -63,6 +65,7 @@ async fn serve(
     database: &str,
     listen: &str,
     sync_interval: Duration,
+    pg_writers: usize,
     audit_signing: crate::checkpoint::AuditSigning,
     limits: ConnectionLimits,
 ) -> anyhow::Result<ExitCode> {
@@ -97,6 +100,7 @@ async fn serve(
     let (store, feed) = if warden_postgres::is_postgres_url(database) {
         let options = warden_postgres::PgOptions {
             listen_heartbeat: sync_interval,
+            writers: pg_writers,
             ..warden_postgres::PgOptions::default()
         };
         let pg = crate::store::open_postgres(database, options).await?;

@@ -39,6 +39,13 @@ pub struct PgOptions {
     /// connection of its own (besides the pool): every appending operation
     /// is queued to one of them and committed with the others queued there,
     /// in one transaction and one acquisition of the audit head lock.
+    /// Default 1. The head lock is one for the whole deployment, so the
+    /// writers of every server take turns at it, and each writer more
+    /// splits what is queued into smaller groups that each pay a group's
+    /// fixed cost under the lock: two servers of two writers each wrote a
+    /// third less than two servers of one (`BENCHMARKS.md`). A second
+    /// writer pays only for a lone server far from its database, where
+    /// one group can form while the other waits a round trip.
     pub writers: usize,
     /// Most operations one writer commits in one transaction. Each one that
     /// runs statements takes a savepoint; PostgreSQL keeps up to 64
@@ -58,7 +65,7 @@ impl Default for PgOptions {
             pool_size: 8,
             listen_heartbeat: Duration::from_secs(10),
             timeouts: PgTimeouts::default(),
-            writers: 2,
+            writers: 1,
             max_batch: 64,
             readers: 4,
         }

@@ -422,3 +422,29 @@ wait $W";
 fn wait_child(child: &mut Child) -> std::process::ExitStatus {
     super::wait(child)
 }
+
+#[test]
+fn a_writer_count_out_of_range_is_refused_before_anything_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("warden.db");
+    for bad in ["0", "17", "two"] {
+        let out = warden()
+            .args([
+                "serve",
+                "--database",
+                &format!("sqlite://{}", db.display()),
+                "--listen",
+                "127.0.0.1:0",
+                "--pg-writers",
+                bad,
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--pg-writers"), "{bad}: {err}");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("listening on"));
+        // Refused while parsing: no database was created.
+        assert!(!db.exists(), "{bad}");
+    }
+}

@@ -435,9 +435,12 @@ fn max_records_holds_across_two_servers() {
     )
     .unwrap();
     let policy = policy.to_str().unwrap().to_owned();
+    // One server with the default writer, one with four (the owner's puts
+    // go to one of them): the quota holds either way.
     let (a, b) = std::thread::scope(|s| {
         let a = s.spawn(|| Server::start_with(&schema.url, &["--policy", &policy]));
-        let b = s.spawn(|| Server::start_with(&schema.url, &["--policy", &policy]));
+        let b = s
+            .spawn(|| Server::start_with(&schema.url, &["--policy", &policy, "--pg-writers", "4"]));
         (a.join().unwrap(), b.join().unwrap())
     });
     let (status, body) = ok(&a.addr, "POST", "/v1/agents/researcher/tokens", OP, None);
