@@ -18,7 +18,7 @@
 //!   shares everything else with the other steps', is built from it when it
 //!   is recorded or shown).
 //!
-//! Churn: [`Hierarchy::register`] (+ [`MemoryIndex::insert`] for S3), then
+//! Churn: [`Hierarchy::register_owned`] (+ [`MemoryIndex::insert`] for S3), then
 //! the decision for the new agent.
 
 use std::collections::VecDeque;
@@ -305,13 +305,17 @@ impl Subject for WardenSubject<'_> {
     fn churn(&mut self, k: usize) -> Result<u64> {
         let st = self.staged.pop_front().context("nothing staged")?;
         let index_of = |a: &ActionName| self.policy.action_index(a);
+        // The spec is the embedder's to give up: its id and declared names
+        // move into the hierarchy (the decision below asks by name, as
+        // every engine's does).
+        let id = st.spec.id.clone();
         self.state
             .hierarchy
-            .register(&st.spec, &index_of)
+            .register_owned(st.spec, &index_of)
             .with_context(|| format!("register churn agent {k}"))?;
         if let Some(r) = st.record {
             self.state.index.insert(r);
         }
-        Ok(self.decide(&st.spec.id, st.query, &st.key))
+        Ok(self.decide(&id, st.query, &st.key))
     }
 }

@@ -89,9 +89,24 @@ impl CapSet {
 
     /// A set holding every index in `indices`.
     pub fn from_indices(indices: impl IntoIterator<Item = u16>) -> Self {
+        // The first word (every index of a catalogue of up to 64 actions)
+        // is gathered in a register; only higher indices touch the set.
+        let mut first = 0u64;
         let mut set = Self::new();
         for i in indices {
-            set.insert(i);
+            if i < 64 {
+                first |= 1u64 << i;
+            } else {
+                set.insert(i);
+            }
+        }
+        match &mut set.words {
+            Words::One(w) => *w |= first,
+            Words::Many(ws) => {
+                if let Some(w) = ws.first_mut() {
+                    *w |= first;
+                }
+            }
         }
         set
     }

@@ -259,6 +259,34 @@ impl PreparedAgent {
     }
 }
 
+/// What [`Hierarchy::place`] decides for a registration: everything of its
+/// node but the id and the declared names.
+struct Placed {
+    parent: Option<AgentIdx>,
+    depth: u16,
+    effective: CapSet,
+    inherited: CapSet,
+}
+
+impl Placed {
+    fn into_prepared(self, id: AgentId, declared: BTreeSet<ActionName>) -> PreparedAgent {
+        PreparedAgent {
+            node: AgentNode {
+                id,
+                parent: self.parent,
+                declared,
+                effective: self.effective,
+                inherited: self.inherited,
+                depth: self.depth,
+                status: AgentStatus::Active,
+                children: Vec::new(),
+                path: NO_PATH,
+                parent_path: NO_PATH,
+            },
+        }
+    }
+}
+
 /// Agent ids to their index: an open-addressed table of 8-byte slots, each
 /// the high 32 bits of the id's hash beside the node's index plus one (0
 /// marks an empty slot), probed linearly and kept at most half full. A
@@ -458,6 +486,27 @@ impl Hierarchy {
         spec: &AgentSpec,
         index_of: &dyn Fn(&ActionName) -> Option<u16>,
     ) -> Result<PreparedAgent, HierarchyError> {
+        let placed = self.place(spec, index_of)?;
+        Ok(placed.into_prepared(spec.id.clone(), spec.capabilities.clone()))
+    }
+
+    /// [`Hierarchy::prepare`] of a spec the caller gives up: its id and
+    /// declared set move into the node instead of being copied.
+    pub fn prepare_owned(
+        &self,
+        spec: AgentSpec,
+        index_of: &dyn Fn(&ActionName) -> Option<u16>,
+    ) -> Result<PreparedAgent, HierarchyError> {
+        let placed = self.place(&spec, index_of)?;
+        Ok(placed.into_prepared(spec.id, spec.capabilities))
+    }
+
+    /// Where a registration would go and what it would hold, if it may.
+    fn place(
+        &self,
+        spec: &AgentSpec,
+        index_of: &dyn Fn(&ActionName) -> Option<u16>,
+    ) -> Result<Placed, HierarchyError> {
         if self.index_of(spec.id.as_str()).is_some() {
             return Err(HierarchyError::DuplicateAgent(spec.id.clone()));
         }
@@ -505,19 +554,11 @@ impl Hierarchy {
                 limit,
             });
         };
-        Ok(PreparedAgent {
-            node: AgentNode {
-                id: spec.id.clone(),
-                parent,
-                declared: spec.capabilities.clone(),
-                effective,
-                inherited,
-                depth,
-                status: AgentStatus::Active,
-                children: Vec::new(),
-                path: NO_PATH,
-                parent_path: NO_PATH,
-            },
+        Ok(Placed {
+            parent,
+            depth,
+            effective,
+            inherited,
         })
     }
 
@@ -578,6 +619,17 @@ impl Hierarchy {
         index_of: &dyn Fn(&ActionName) -> Option<u16>,
     ) -> Result<AgentIdx, HierarchyError> {
         let prepared = self.prepare(spec, index_of)?;
+        self.commit(prepared)
+    }
+
+    /// [`Hierarchy::register`] of a spec the caller gives up (see
+    /// [`Hierarchy::prepare_owned`]).
+    pub fn register_owned(
+        &mut self,
+        spec: AgentSpec,
+        index_of: &dyn Fn(&ActionName) -> Option<u16>,
+    ) -> Result<AgentIdx, HierarchyError> {
+        let prepared = self.prepare_owned(spec, index_of)?;
         self.commit(prepared)
     }
 
@@ -938,8 +990,15 @@ mod tests {
                             };
                             next += 1;
                             let before = h.len();
+                            // The same registration, the spec given up: the
+                            // same outcome and the same forest.
+                            let mut owned = h.clone();
+                            let by_value = owned.register_owned(spec.clone(), &index_of);
+                            let by_ref = h.register(&spec, &index_of);
+                            prop_assert_eq!(&by_value, &by_ref);
+                            prop_assert_eq!(format!("{owned:?}"), format!("{h:?}"));
                             // Refusals (too deep, revoked parent) change nothing.
-                            if h.register(&spec, &index_of).is_err() {
+                            if by_ref.is_err() {
                                 prop_assert_eq!(h.len(), before);
                             }
                         }
