@@ -17,7 +17,9 @@
 //! and its escalation are stored. The call takes that call's id and
 //! consumes its approval by compare-and-set in the store, so of retries
 //! racing for one approval exactly one proceeds; the others are new calls
-//! and escalate afresh.
+//! and escalate afresh. A retry of the same call id that finds the
+//! approval used by another request, whose record of the call has not
+//! landed yet, waits briefly for that record and answers it.
 
 use serde_json::{Value, json};
 use warden_core::audit::Digest;
@@ -65,6 +67,10 @@ enum Retry {
     /// call to another retry.
     Lost,
 }
+
+/// The pauses (milliseconds) of a retry waiting for the request that used
+/// its call's approval to record the call.
+const APPROVAL_USE_WAITS_MS: [u64; 7] = [1, 2, 4, 8, 16, 32, 64];
 
 impl Retry {
     fn new(fresh: bool) -> Self {
@@ -236,6 +242,18 @@ impl<S: Store> Engine<S> {
                         retry = Retry::Lost;
                         continue;
                     }
+                    if !approved
+                        && self.approval_used_elsewhere(existing.as_ref()).await?
+                        && self
+                            .await_next_revision(caller, session_id, &call_id, &state)
+                            .await?
+                    {
+                        // Another request (on any server) used this call's
+                        // approval and has recorded its decision since:
+                        // answer as it does instead of holding the call
+                        // for a second review.
+                        continue;
+                    }
                 }
                 if approved {
                     a.verdict = if a.obligations.is_empty() {
@@ -367,6 +385,47 @@ impl<S: Store> Engine<S> {
             kind: ConflictKind::SessionContention,
             id: session_id.to_string(),
         })
+    }
+
+    /// Whether `existing` is a held call whose approval another request
+    /// used: the escalation it was held under is consumed while the call
+    /// is still recorded as escalated (that request is recording it).
+    async fn approval_used_elsewhere(
+        &self,
+        existing: Option<&CallRecord>,
+    ) -> Result<bool, EngineError> {
+        let Some(id) = existing
+            .filter(|c| c.status == CallStatus::Escalated)
+            .and_then(|c| c.escalation_id.clone())
+        else {
+            return Ok(false);
+        };
+        let escalation = self.inner.store.get_escalation(id).await?;
+        Ok(escalation.is_some_and(|e| e.status == EscalationStatus::Consumed))
+    }
+
+    /// Wait (at most [`APPROVAL_USE_WAITS_MS`] in all, about an eighth of
+    /// a second) for the session to move past the revision `seen` was read
+    /// at; whether it did. A request that used an approval records the
+    /// call in its next write, so a retry that lost the approval to it
+    /// waits for that record instead of answering with a new escalation
+    /// nobody could use. One that never records it (it failed) leaves the
+    /// retry to hold the call for review, as before the wait.
+    async fn await_next_revision(
+        &self,
+        caller: &Caller,
+        session_id: &SessionId,
+        call_id: &CallId,
+        seen: &SessionHead,
+    ) -> Result<bool, EngineError> {
+        for pause in APPROVAL_USE_WAITS_MS {
+            tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+            let (head, _) = self.head_for_call(caller, session_id, call_id).await?;
+            if head.session.revision != seen.session.revision {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// The session's held call of the request `digest` whose escalation is
