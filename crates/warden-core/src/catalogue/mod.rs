@@ -25,11 +25,12 @@
 //! built-in defaults.
 
 mod host;
+mod names;
 mod path;
 mod rules;
 mod spec;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, LazyLock};
 
@@ -457,10 +458,10 @@ fn truncate(s: &str, max: usize) -> &str {
 pub struct ActionCatalogue {
     /// Sorted by name; position = [`ActionIndex`].
     actions: Vec<CompiledAction>,
-    /// Name to position: one hash and one comparison per lookup, where a
-    /// binary search compares names a handful of times (every step of a
-    /// preflight and every call looks its action up).
-    positions: HashMap<Box<str>, ActionIndex, foldhash::fast::RandomState>,
+    /// Name to position (every step of a preflight, every call and every
+    /// declared capability looks its action up): a short name is its own
+    /// key, compared as three words (`names`).
+    positions: names::NameTable,
 }
 
 impl fmt::Debug for ActionCatalogue {
@@ -500,20 +501,13 @@ impl ActionCatalogue {
                 specs.get(name),
             )?);
         }
-        let positions = actions
-            .iter()
-            .enumerate()
-            .filter_map(|(pos, a)| {
-                let idx = u16::try_from(pos).ok().map(ActionIndex)?;
-                Some((Box::from(a.name.as_str()), idx))
-            })
-            .collect();
+        let positions = names::NameTable::new(actions.iter().map(|a| (a.name.as_str(), a.index)));
         Ok(Self { actions, positions })
     }
 
     /// The index of the action called `name`, if it is known.
     pub fn index_of(&self, name: &str) -> Option<ActionIndex> {
-        self.positions.get(name).copied()
+        self.positions.get(name)
     }
 
     /// The action at `idx`; `None` for an index from another catalogue that
