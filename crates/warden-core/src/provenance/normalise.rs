@@ -117,11 +117,19 @@ fn each_ascii_token(text: &str, mut f: impl FnMut(&str)) {
                 i += 1;
             }
         }
-        let token = text.get(start..i).unwrap_or("");
-        match decimal.then(|| canonical_number(token)).flatten() {
-            Some(n) if n != token => f(&n),
-            _ => f(token),
-        }
+        emit_word(text.get(start..i).unwrap_or(""), decimal, &mut f);
+    }
+}
+
+/// Pass a word token on, a decimal in its canonical form. Only a run of
+/// digits with its decimals can be rewritten (a plain run of digits is
+/// already canonical: no sign, no fraction, leading zeros kept), so only
+/// such a token may allocate.
+#[inline]
+fn emit_word(token: &str, decimal: bool, f: &mut impl FnMut(&str)) {
+    match decimal.then(|| canonical_number(token)).flatten() {
+        Some(n) if n != token => f(&n),
+        _ => f(token),
     }
 }
 
@@ -163,14 +171,7 @@ fn each_unicode_token(text: &str, mut f: impl FnMut(&str)) {
                 chars.next();
             }
         }
-        let token = text.get(start..end).unwrap_or("");
-        // Only a run of digits with its decimals can be rewritten (a plain
-        // run of digits is already canonical: no sign, no fraction, leading
-        // zeros kept), so only such a token may allocate.
-        match decimal.then(|| canonical_number(token)).flatten() {
-            Some(n) if n != token => f(&n),
-            _ => f(token),
-        }
+        emit_word(text.get(start..end).unwrap_or(""), decimal, &mut f);
     }
 }
 
