@@ -262,6 +262,8 @@ impl PreparedAgent {
 /// What [`Hierarchy::place`] decides for a registration: everything of its
 /// node but the id and the declared names.
 struct Placed {
+    /// The id's hash in the id table.
+    hash: u64,
     parent: Option<AgentIdx>,
     depth: u16,
     effective: CapSet,
@@ -289,11 +291,13 @@ impl Placed {
 
 /// Agent ids to their index: an open-addressed table of 8-byte slots, each
 /// the high 32 bits of the id's hash beside the node's index plus one (0
-/// marks an empty slot), probed linearly and kept at most half full. A
-/// lookup reads one slot (one cache line, with its neighbours) and compares
-/// the id through the node only where the hash bits match, so a question
-/// about a cold agent in a forest far larger than the cache costs the
-/// slot's line and its node's first line.
+/// marks an empty slot), probed linearly from the slot those hash bits
+/// pick and kept at most half full. A lookup reads one slot (one cache
+/// line, with its neighbours) and compares the id through the node only
+/// where the hash bits match, so a question about a cold agent in a forest
+/// far larger than the cache costs the slot's line and its node's first
+/// line. Since a slot holds the bits that place it, growing the table moves
+/// slots without hashing an id or reading a node.
 #[derive(Clone, Default)]
 struct IdIndex {
     /// A power of two long (or empty).
@@ -314,12 +318,29 @@ impl IdIndex {
         (hash & !u64::from(u32::MAX)) | (u64::from(idx.0) + 1)
     }
 
+    /// Where the probe for a hash (or a slot, which keeps its high bits)
+    /// starts.
+    #[inline]
+    fn start(hash: u64, mask: usize) -> usize {
+        (hash >> 32) as usize & mask
+    }
+
+    #[inline]
+    fn hash(&self, id: &str) -> u64 {
+        self.state.hash_one(id)
+    }
+
     #[inline]
     fn get(&self, nodes: &[AgentNode], id: &str) -> Option<AgentIdx> {
+        self.get_hashed(nodes, id, self.hash(id))
+    }
+
+    /// [`IdIndex::get`] of an id whose [`IdIndex::hash`] is `hash`.
+    #[inline]
+    fn get_hashed(&self, nodes: &[AgentNode], id: &str, hash: u64) -> Option<AgentIdx> {
         let mask = self.slots.len().checked_sub(1)?;
-        let hash = self.state.hash_one(id);
         let tag = hash >> 32;
-        let mut at = hash as usize & mask;
+        let mut at = Self::start(hash, mask);
         loop {
             let slot = *self.slots.get(at)?;
             if slot == 0 {
@@ -335,29 +356,24 @@ impl IdIndex {
         }
     }
 
-    /// Add `id` at `idx`, which must be below `u32::MAX` (not yet in
-    /// `nodes`; every index already in the table is).
-    fn insert(&mut self, nodes: &[AgentNode], id: &str, idx: AgentIdx) {
+    /// Add the id whose [`IdIndex::hash`] is `hash` at `idx`, which must be
+    /// below `u32::MAX` (and the id not in the table yet).
+    fn insert_hashed(&mut self, hash: u64, idx: AgentIdx) {
         if (self.len + 1) * 2 > self.slots.len() {
             let size = (self.slots.len() * 2).max(16);
             let old = std::mem::replace(&mut self.slots, vec![0; size]);
             for slot in old.into_iter().filter(|s| *s != 0) {
-                let i = (slot as u32).wrapping_sub(1);
-                if let Some(n) = nodes.get(i as usize) {
-                    let hash = self.state.hash_one(n.id.as_str());
-                    self.place(hash, slot);
-                }
+                self.place(slot);
             }
         }
-        let hash = self.state.hash_one(id);
-        self.place(hash, Self::slot(hash, idx));
+        self.place(Self::slot(hash, idx));
         self.len += 1;
     }
 
-    /// Put `slot` in the first empty slot from `hash`'s.
-    fn place(&mut self, hash: u64, slot: u64) {
+    /// Put `slot` in the first empty slot from where its hash bits point.
+    fn place(&mut self, slot: u64) {
         let mask = self.slots.len() - 1;
-        let mut at = hash as usize & mask;
+        let mut at = Self::start(slot, mask);
         while let Some(s) = self.slots.get_mut(at) {
             if *s == 0 {
                 *s = slot;
@@ -484,7 +500,7 @@ impl Hierarchy {
     pub fn prepare(
         &self,
         spec: &AgentSpec,
-        index_of: &dyn Fn(&ActionName) -> Option<u16>,
+        index_of: &impl Fn(&ActionName) -> Option<u16>,
     ) -> Result<PreparedAgent, HierarchyError> {
         let placed = self.place(spec, index_of)?;
         Ok(placed.into_prepared(spec.id.clone(), spec.capabilities.clone()))
@@ -495,7 +511,7 @@ impl Hierarchy {
     pub fn prepare_owned(
         &self,
         spec: AgentSpec,
-        index_of: &dyn Fn(&ActionName) -> Option<u16>,
+        index_of: &impl Fn(&ActionName) -> Option<u16>,
     ) -> Result<PreparedAgent, HierarchyError> {
         let placed = self.place(&spec, index_of)?;
         Ok(placed.into_prepared(spec.id, spec.capabilities))
@@ -505,9 +521,14 @@ impl Hierarchy {
     fn place(
         &self,
         spec: &AgentSpec,
-        index_of: &dyn Fn(&ActionName) -> Option<u16>,
+        index_of: &impl Fn(&ActionName) -> Option<u16>,
     ) -> Result<Placed, HierarchyError> {
-        if self.index_of(spec.id.as_str()).is_some() {
+        let hash = self.by_id.hash(spec.id.as_str());
+        if self
+            .by_id
+            .get_hashed(&self.nodes, spec.id.as_str(), hash)
+            .is_some()
+        {
             return Err(HierarchyError::DuplicateAgent(spec.id.clone()));
         }
         if u32::try_from(self.nodes.len()).is_err() {
@@ -555,6 +576,7 @@ impl Hierarchy {
             });
         };
         Ok(Placed {
+            hash,
             parent,
             depth,
             effective,
@@ -565,10 +587,20 @@ impl Hierarchy {
     /// Insert a prepared agent. Must follow [`Hierarchy::prepare`] on the
     /// same, unchanged hierarchy.
     pub fn commit(&mut self, prepared: PreparedAgent) -> Result<AgentIdx, HierarchyError> {
-        let mut node = prepared.node;
-        if self.index_of(node.id.as_str()).is_some() {
+        let node = prepared.node;
+        let hash = self.by_id.hash(node.id.as_str());
+        if self
+            .by_id
+            .get_hashed(&self.nodes, node.id.as_str(), hash)
+            .is_some()
+        {
             return Err(HierarchyError::DuplicateAgent(node.id));
         }
+        self.insert(node, hash)
+    }
+
+    /// Insert `node`, whose id (hashed to `hash`) is not registered.
+    fn insert(&mut self, mut node: AgentNode, hash: u64) -> Result<AgentIdx, HierarchyError> {
         let idx = u32::try_from(self.nodes.len())
             .ok()
             .filter(|i| *i < u32::MAX)
@@ -581,7 +613,7 @@ impl Hierarchy {
                 None => return Err(HierarchyError::UnknownAgent(node.id.to_string())),
             }
         }
-        self.by_id.insert(&self.nodes, node.id.as_str(), idx);
+        self.by_id.insert_hashed(hash, idx);
         self.nodes.push(node);
         Ok(idx)
     }
@@ -616,10 +648,14 @@ impl Hierarchy {
     pub fn register(
         &mut self,
         spec: &AgentSpec,
-        index_of: &dyn Fn(&ActionName) -> Option<u16>,
+        index_of: &impl Fn(&ActionName) -> Option<u16>,
     ) -> Result<AgentIdx, HierarchyError> {
-        let prepared = self.prepare(spec, index_of)?;
-        self.commit(prepared)
+        // Placed on this very hierarchy, which nothing changes before the
+        // insert: the id was found absent under the same hash.
+        let placed = self.place(spec, index_of)?;
+        let hash = placed.hash;
+        let prepared = placed.into_prepared(spec.id.clone(), spec.capabilities.clone());
+        self.insert(prepared.node, hash)
     }
 
     /// [`Hierarchy::register`] of a spec the caller gives up (see
@@ -627,10 +663,12 @@ impl Hierarchy {
     pub fn register_owned(
         &mut self,
         spec: AgentSpec,
-        index_of: &dyn Fn(&ActionName) -> Option<u16>,
+        index_of: &impl Fn(&ActionName) -> Option<u16>,
     ) -> Result<AgentIdx, HierarchyError> {
-        let prepared = self.prepare_owned(spec, index_of)?;
-        self.commit(prepared)
+        let placed = self.place(&spec, index_of)?;
+        let hash = placed.hash;
+        let prepared = placed.into_prepared(spec.id, spec.capabilities);
+        self.insert(prepared.node, hash)
     }
 
     /// Register many agents given in any order (a policy bundle, a store
@@ -639,7 +677,7 @@ impl Hierarchy {
     pub fn register_all(
         &mut self,
         specs: &[AgentSpec],
-        index_of: &dyn Fn(&ActionName) -> Option<u16>,
+        index_of: &impl Fn(&ActionName) -> Option<u16>,
     ) -> Result<Vec<AgentIdx>, HierarchyError> {
         let mut staged = self.clone();
         let mut pending: Vec<&AgentSpec> = specs.iter().collect();
@@ -717,7 +755,7 @@ impl Hierarchy {
         &mut self,
         id: &str,
         capabilities: BTreeSet<ActionName>,
-        index_of: &dyn Fn(&ActionName) -> Option<u16>,
+        index_of: &impl Fn(&ActionName) -> Option<u16>,
     ) -> Result<(), HierarchyError> {
         let root = self
             .index_of(id)
@@ -852,8 +890,8 @@ mod tests {
     #[test]
     fn every_agent_is_found_by_its_id_through_the_table_growing() {
         let mut h = Hierarchy::new(CapSet::new(), CapSet::new(), HierarchyLimits::default());
-        // Past several growths of the id table (each rehashes every id
-        // through its node).
+        // Past several growths of the id table (each moves every slot by
+        // the hash bits it keeps).
         let ids: Vec<String> = (0..3_000).map(|i| format!("agent-{i}")).collect();
         for (i, id) in ids.iter().enumerate() {
             let parent = (i > 0).then(|| ids[(i - 1) / 2].as_str());
@@ -872,7 +910,17 @@ mod tests {
             .register(&spec("agent-17", None), &no_actions)
             .unwrap_err();
         assert_eq!(err.reason().as_str(), "duplicate_agent");
-        assert_eq!(h.len(), ids.len());
+        let err = h
+            .register_owned(spec("agent-2999", Some("agent-0")), &no_actions)
+            .unwrap_err();
+        assert_eq!(err.reason().as_str(), "duplicate_agent");
+        // Prepared while absent, committed after the same id was
+        // registered: the commit looks again and refuses it.
+        let prepared = h.prepare(&spec("late", None), &no_actions).unwrap();
+        h.register(&spec("late", None), &no_actions).unwrap();
+        let err = h.commit(prepared).unwrap_err();
+        assert_eq!(err.reason().as_str(), "duplicate_agent");
+        assert_eq!(h.len(), ids.len() + 1);
     }
 
     mod ancestry {
