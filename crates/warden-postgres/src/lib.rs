@@ -124,7 +124,9 @@
 //! - **Reads** (`get_records`, `load_agents`, `find_token`, ...) are single
 //!   statements and see everything committed before they start, on any
 //!   server: there is no replica lag as long as every server uses the
-//!   primary. Servers that cache agents refresh them from
+//!   primary. Record reads (every resolve's) queued while one is at the
+//!   database share the next statement; it starts after each of them was
+//!   asked for, so what each sees is unchanged. Servers that cache agents refresh them from
 //!   [change notifications](changes); see below for the bound on how stale
 //!   such a cache can be.
 //! - **Revocation covers the subtree as stored.** Revoking (status
@@ -242,6 +244,7 @@ mod error;
 mod log;
 mod memory;
 mod pool;
+mod record_reads;
 mod runs;
 mod schema;
 mod sessions;

@@ -1,7 +1,5 @@
 //! Memory records: the put decision in the database, deletes, usage and the storage quota.
 
-use std::collections::HashMap;
-
 use warden_core::ids::{AgentId, Key, Namespace};
 use warden_core::memory::{MemoryRecord, Put};
 use warden_core::time::Timestamp;
@@ -367,24 +365,7 @@ pub(crate) async fn get_records(
     key: Key,
     owners: Vec<AgentId>,
 ) -> Result<Vec<MemoryRecord>, StoreError> {
-    if owners.is_empty() {
-        return Ok(Vec::new());
-    }
-    let names: Vec<&str> = owners.iter().map(AgentId::as_str).collect();
-    let found = store
-        .read(
-            sql::GET_RECORDS,
-            &[&namespace.as_str(), &key.as_str(), &names],
-            record_out,
-        )
-        .await?;
-    // In the order of `owners`, as the resolver walks the lineage.
-    let by_owner: HashMap<AgentId, MemoryRecord> =
-        found.into_iter().map(|r| (r.owner.clone(), r)).collect();
-    Ok(owners
-        .iter()
-        .filter_map(|owner| by_owner.get(owner).cloned())
-        .collect())
+    store.inner.record_reads.get(namespace, key, owners).await
 }
 
 pub(crate) async fn put_record(

@@ -31,6 +31,15 @@ pub const REVOKE_TOKEN: &str =
 pub const GET_RECORDS: &str = "SELECT owner, namespace, key, value, visibility, class, combine, \
      grants, expires_at, revision, created_at, updated_at \
      FROM memory WHERE namespace = $1 AND key = $2 AND owner = ANY($3)";
+/// [`GET_RECORDS`] for several reads at once: `$1` each row's read (its
+/// place in the group), `$2`-`$4` the `(namespace, key, owner)` it asks
+/// for; every record found, with its read's place as the last column.
+pub const GET_RECORDS_MANY: &str = "SELECT m.owner, m.namespace, m.key, m.value, \
+     m.visibility, m.class, m.combine, m.grants, m.expires_at, m.revision, m.created_at, \
+     m.updated_at, q.place \
+     FROM unnest($1::int4[], $2::text[], $3::text[], $4::text[]) \
+       AS q(place, namespace, key, owner) \
+     JOIN memory m ON m.owner = q.owner AND m.namespace = q.namespace AND m.key = q.key";
 pub const SELECT_RECORD: &str = "SELECT owner, namespace, key, value, visibility, class, combine, \
      grants, expires_at, revision, created_at, updated_at \
      FROM memory WHERE owner = $1 AND namespace = $2 AND key = $3";

@@ -11,6 +11,7 @@ use warden_store::{StoreError, StoredAgent};
 use crate::codec::agent_out;
 use crate::error::DbResult;
 use crate::pool::{self, Pool, Readers};
+use crate::record_reads::RecordReads;
 use crate::schema::{self, quote_ident};
 use crate::sql;
 use crate::writer::{WriterConfig, Writers};
@@ -122,7 +123,9 @@ pub fn is_postgres_url(url: &str) -> bool {
 pub(crate) struct Inner {
     pub(crate) pool: Pool,
     /// The shared connections of single-statement reads.
-    pub(crate) readers: Readers,
+    pub(crate) readers: Arc<Readers>,
+    /// The task that answers record reads in groups.
+    pub(crate) record_reads: RecordReads,
     /// The group-commit writers every appending operation goes through.
     pub(crate) writers: Writers,
     /// Config for extra connections (the change listener).
@@ -231,11 +234,13 @@ impl PgStore {
                 max_batch: options.max_batch,
             },
         );
-        let readers = Readers::new(config.clone(), setup.clone(), options.readers);
+        let readers = Arc::new(Readers::new(config.clone(), setup.clone(), options.readers));
+        let record_reads = RecordReads::spawn(Arc::clone(&readers));
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
                 readers,
+                record_reads,
                 writers,
                 config,
                 setup,

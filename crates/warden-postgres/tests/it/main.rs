@@ -26,6 +26,7 @@ mod migrations;
 mod pool;
 mod quotas;
 mod rates;
+mod record_reads;
 mod runs;
 mod sessions;
 
