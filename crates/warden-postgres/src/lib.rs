@@ -126,9 +126,9 @@
 //!   server: there is no replica lag as long as every server uses the
 //!   primary. Record reads (every resolve's) queued while one is at the
 //!   database share the next statement; it starts after each of them was
-//!   asked for, so what each sees is unchanged. Servers that cache agents refresh them from
-//!   [change notifications](changes); see below for the bound on how stale
-//!   such a cache can be.
+//!   asked for, so what each sees is unchanged. Servers that cache agents
+//!   refresh them from [change notifications](changes); see below for the
+//!   bound on how stale such a cache can be.
 //! - **Revocation covers the subtree as stored.** Revoking (status
 //!   `revoked`) locks the named agents, then revokes every active
 //!   descendant in the same transaction, including children another server
