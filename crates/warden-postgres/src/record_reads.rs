@@ -60,7 +60,7 @@ impl RecordReads {
     }
 
     /// The records of `key` in `namespace` held by `owners`, in the order
-    /// of `owners` (each at most once).
+    /// of `owners`.
     pub(crate) async fn get(
         &self,
         namespace: Namespace,

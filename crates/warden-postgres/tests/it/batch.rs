@@ -45,26 +45,6 @@ async fn hold_head(scratch: &Scratch) -> (tokio_postgres::Client, i32) {
     (client, pid)
 }
 
-/// The backends waiting for the lock `blocker` holds. (`client` may be
-/// in a transaction, whose first look at `pg_stat_activity` would
-/// otherwise be the one it sees until it ends.)
-async fn blocked_by(client: &tokio_postgres::Client, blocker: i32) -> Vec<i32> {
-    client
-        .batch_execute("SELECT pg_stat_clear_snapshot()")
-        .await
-        .unwrap();
-    client
-        .query(
-            "SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
-            &[&blocker],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
-}
-
 async fn wait_blocked(client: &tokio_postgres::Client, blocker: i32, n: usize) -> Vec<i32> {
     for _ in 0..500 {
         let pids = blocked_by(client, blocker).await;

@@ -367,3 +367,23 @@ pub async fn get_one(
     assert!(got.len() <= 1);
     got.pop()
 }
+
+/// The backends waiting for the lock `blocker` holds. (`client` may be
+/// in a transaction, whose first look at `pg_stat_activity` would
+/// otherwise be the one it sees until it ends.)
+pub async fn blocked_by(client: &tokio_postgres::Client, blocker: i32) -> Vec<i32> {
+    client
+        .batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .unwrap();
+    client
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+            &[&blocker],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
