@@ -369,12 +369,65 @@ fn assert_all_acceptable(outcomes: &[Outcome], killed: &[&str], may_time_out: &[
 
 /// Every acknowledged write is in the database with its value (read back
 /// through `addr`), each has its allowed `memory.write` decision in the log
-/// (`warden audit export`), and `warden audit verify` passes.
-fn assert_nothing_acknowledged_lost(url: &str, addr: &str, token: &str, acked: &[(String, u64)]) {
+/// (`warden audit export`), each key has at least as many allowed
+/// `memory.read` decisions as `outcomes` holds acknowledged reads of it (a
+/// read's decision record is all it writes: one acknowledged and then lost
+/// leaves its key short, unless an unacknowledged read of the key was
+/// committed), and `warden audit verify` passes.
+fn assert_nothing_acknowledged_lost(
+    url: &str,
+    addr: &str,
+    token: &str,
+    acked: &[(String, u64)],
+    outcomes: &[Outcome],
+) {
     assert!(!acked.is_empty());
+    // The log first: the reads below are recorded too.
+    let export = warden()
+        .args(["audit", "export", "--database", url])
+        .output()
+        .unwrap();
+    assert!(export.status.success(), "{export:?}");
+    let mut written: HashMap<String, usize> = HashMap::new();
+    let mut read: HashMap<String, usize> = HashMap::new();
+    for line in String::from_utf8_lossy(&export.stdout).lines() {
+        let entry: Value = serde_json::from_str(line).unwrap();
+        let resource = entry["resource"].as_str().unwrap_or_default();
+        if entry["verdict"] != json!("allow") {
+            continue;
+        }
+        if entry["operation"] == json!("memory.write") && entry["details"]["revision"] == json!(1) {
+            if let Some(key) = resource.strip_prefix(&format!("{AGENT}:faults.")) {
+                *written.entry(key.to_owned()).or_default() += 1;
+            }
+        } else if entry["operation"] == json!("memory.read") && entry["subject"] == json!(AGENT) {
+            if let Some(key) = resource.strip_prefix("faults.") {
+                *read.entry(key.to_owned()).or_default() += 1;
+            }
+        }
+    }
+    let mut reads_acked: HashMap<&str, usize> = HashMap::new();
+    for o in outcomes {
+        if let (Op::Read { key, .. }, true) = (&o.op, o.is_success()) {
+            *reads_acked.entry(key.as_str()).or_default() += 1;
+        }
+    }
+    assert!(!reads_acked.is_empty(), "no read was acknowledged");
+    for (key, n) in &reads_acked {
+        let recorded = read.get(*key).copied().unwrap_or(0);
+        assert!(
+            recorded >= *n,
+            "`{key}`: {n} reads acknowledged, {recorded} allowed read decisions recorded"
+        );
+    }
     let mut keys = HashSet::new();
     for (key, value) in acked {
         assert!(keys.insert(key.clone()), "`{key}` acknowledged twice");
+        assert_eq!(
+            written.get(key),
+            Some(&1),
+            "acknowledged write `{key}` has no single allowed decision record"
+        );
         let (status, body) = request(
             addr,
             "GET",
@@ -385,31 +438,6 @@ fn assert_nothing_acknowledged_lost(url: &str, addr: &str, token: &str, acked: &
         .unwrap();
         assert_eq!(status, 200, "acknowledged write `{key}` is missing: {body}");
         assert_eq!(body["value"], json!(value), "`{key}`: {body}");
-    }
-    let export = warden()
-        .args(["audit", "export", "--database", url])
-        .output()
-        .unwrap();
-    assert!(export.status.success(), "{export:?}");
-    let mut recorded: HashMap<String, usize> = HashMap::new();
-    for line in String::from_utf8_lossy(&export.stdout).lines() {
-        let entry: Value = serde_json::from_str(line).unwrap();
-        if entry["operation"] == json!("memory.write")
-            && entry["verdict"] == json!("allow")
-            && entry["details"]["revision"] == json!(1)
-        {
-            let resource = entry["resource"].as_str().unwrap_or_default();
-            if let Some(key) = resource.strip_prefix(&format!("{AGENT}:faults.")) {
-                *recorded.entry(key.to_owned()).or_default() += 1;
-            }
-        }
-    }
-    for (key, _) in acked {
-        assert_eq!(
-            recorded.get(key),
-            Some(&1),
-            "acknowledged write `{key}` has no single allowed decision record"
-        );
     }
     let (code, out) = audit_verify(url);
     assert_eq!(code, 0, "{out}");
@@ -492,7 +520,7 @@ fn the_database_restarting_under_load() {
     eprintln!("{}", summary("all", &outcomes));
     assert_all_acceptable(&outcomes, &[], &[]);
     let acked = load.acked();
-    assert_nothing_acknowledged_lost(&url, &b.addr, &token, &acked);
+    assert_nothing_acknowledged_lost(&url, &b.addr, &token, &acked, &outcomes);
     eprintln!("{} acknowledged writes survived two restarts", acked.len());
     drop((a, b));
 }
@@ -605,7 +633,7 @@ fn a_server_cut_off_from_the_database() {
     eprintln!("{}", summary("all", &outcomes));
     assert_all_acceptable(&outcomes, &[], &["a"]);
     let acked = load.acked();
-    assert_nothing_acknowledged_lost(&db.url("127.0.0.1", ""), &b.addr, &token, &acked);
+    assert_nothing_acknowledged_lost(&db.url("127.0.0.1", ""), &b.addr, &token, &acked, &outcomes);
     eprintln!("{} acknowledged writes survived the cut", acked.len());
     drop((a, b));
 }
@@ -651,7 +679,7 @@ fn a_server_killed_mid_batch() {
         .iter()
         .filter(|o| o.server == "a" && o.is_success() && matches!(o.op, Op::Write { .. }))
         .count();
-    assert_nothing_acknowledged_lost(&schema.url, &again.addr, &token, &acked);
+    assert_nothing_acknowledged_lost(&schema.url, &again.addr, &token, &acked, &outcomes);
     eprintln!(
         "{} acknowledged writes ({by_a} by the killed server) survived its SIGKILL",
         acked.len()
