@@ -21,6 +21,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// mimalloc instead of the system allocator: the server allocates and frees
+/// per request on every worker thread, where glibc's malloc spent about a
+/// fifth of the server's CPU under load (see BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
     match cli::run(args) {
