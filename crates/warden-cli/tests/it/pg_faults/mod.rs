@@ -390,20 +390,24 @@ fn assert_nothing_acknowledged_lost(
     assert!(export.status.success(), "{export:?}");
     let mut written: HashMap<String, usize> = HashMap::new();
     let mut read: HashMap<String, usize> = HashMap::new();
+    let writes = format!("{AGENT}:faults.");
     for line in String::from_utf8_lossy(&export.stdout).lines() {
         let entry: Value = serde_json::from_str(line).unwrap();
         let resource = entry["resource"].as_str().unwrap_or_default();
         if entry["verdict"] != json!("allow") {
             continue;
         }
-        if entry["operation"] == json!("memory.write") && entry["details"]["revision"] == json!(1) {
-            if let Some(key) = resource.strip_prefix(&format!("{AGENT}:faults.")) {
-                *written.entry(key.to_owned()).or_default() += 1;
-            }
+        let (counts, key) = if entry["operation"] == json!("memory.write")
+            && entry["details"]["revision"] == json!(1)
+        {
+            (&mut written, resource.strip_prefix(&writes))
         } else if entry["operation"] == json!("memory.read") && entry["subject"] == json!(AGENT) {
-            if let Some(key) = resource.strip_prefix("faults.") {
-                *read.entry(key.to_owned()).or_default() += 1;
-            }
+            (&mut read, resource.strip_prefix("faults."))
+        } else {
+            continue;
+        };
+        if let Some(key) = key {
+            *counts.entry(key.to_owned()).or_default() += 1;
         }
     }
     let mut reads_acked: HashMap<&str, usize> = HashMap::new();
