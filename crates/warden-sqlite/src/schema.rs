@@ -353,9 +353,15 @@ fn inspect(conn: &Connection, path: &Path) -> Result<Found, StoreError> {
     let p = display(path);
     // The first read parses the header: random bytes fail here. A file
     // that cannot even be opened (a WAL database on a read-only filesystem
-    // whose shared-memory file is missing) is not thereby corrupt.
+    // whose shared-memory file is missing) is not thereby corrupt, nor is
+    // one a crashed writer left with a transaction to roll back (a hot
+    // journal), which a read-only connection may not do.
     let not_sqlite = |e: rusqlite::Error| match e.sqlite_error_code() {
         Some(rusqlite::ErrorCode::CannotOpen) => open_failed(path, e),
+        Some(rusqlite::ErrorCode::ReadOnly) => StoreError::read_only(format!(
+            "`{p}` needs recovery (a writer stopped in the middle of a transaction), \
+             which a read-only open cannot do; open it once read-write: {e}"
+        )),
         _ => StoreError::corrupt(format!("`{p}` is not a sqlite database: {e}")),
     };
     let app_id: i32 = conn

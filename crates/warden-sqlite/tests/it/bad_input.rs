@@ -217,3 +217,42 @@ async fn unwritable_directory_is_read_only() {
     }
     std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
+
+/// A file a writer left in the middle of a transaction (a hot rollback
+/// journal beside it, no lock held): verifying it read-only is refused as
+/// read-only, saying it needs recovery, not called corrupt, and neither the
+/// file nor its journal changes.
+#[test]
+fn a_hot_journal_needs_recovery_and_a_read_only_verify_changes_nothing() {
+    let (dir, path) = temp_db();
+    let live = dir.path().join("live.db");
+    let conn = rusqlite::Connection::open(&live).unwrap();
+    conn.execute_batch(
+        "PRAGMA journal_mode = DELETE; PRAGMA cache_size = 1;
+         CREATE TABLE t (x BLOB);
+         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200)
+         INSERT INTO t SELECT zeroblob(1000) FROM n;
+         BEGIN; UPDATE t SET x = zeroblob(1001);",
+    )
+    .unwrap();
+    // The transaction is open: its journal holds the pages it changed,
+    // some already spilled to the file. Copies of both, with no connection
+    // and so no lock, are what a writer killed at this point leaves.
+    let journal = |p: &std::path::Path| {
+        let mut j = p.as_os_str().to_owned();
+        j.push("-journal");
+        std::path::PathBuf::from(j)
+    };
+    std::fs::copy(&live, &path).unwrap();
+    std::fs::copy(journal(&live), journal(&path)).unwrap();
+    drop(conn);
+    let before = (Snapshot::of(&path), Snapshot::of(&journal(&path)));
+    let err = verify_audit(&url(&path), None).unwrap_err();
+    match &err {
+        VerifyError::Store(StoreError::ReadOnly { source }) => {
+            assert!(source.to_string().contains("needs recovery"), "{err}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!((Snapshot::of(&path), Snapshot::of(&journal(&path))), before);
+}

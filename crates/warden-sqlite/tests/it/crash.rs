@@ -280,9 +280,13 @@ fn check(path: &Path, round: u64, acks: &Acks) {
     // crashed file, read-only...
     match verify_audit_path(path, None) {
         Ok(_) => {}
-        // ...unless the child died before its first migration committed.
+        // ...unless the child died before its first migration committed,
+        // possibly in the middle of a transaction that only a read-write
+        // open rolls back (the reopening below does).
         Err(VerifyError::Store(StoreError::ReadOnly { source }))
-            if nothing_acked && source.to_string().contains("not initialised") => {}
+            if nothing_acked
+                && (source.to_string().contains("not initialised")
+                    || source.to_string().contains("needs recovery")) => {}
         Err(e) => panic!("round {round}: audit verification failed: {e}"),
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
