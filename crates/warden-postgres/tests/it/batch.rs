@@ -32,17 +32,9 @@ async fn store(scratch: &Scratch, writers: usize) -> PgStore {
 /// reaches its append waits, and the jobs sent meanwhile queue up behind
 /// it. Returns the client (roll back to release) and its backend pid.
 async fn hold_head(scratch: &Scratch) -> (tokio_postgres::Client, i32) {
-    let client = scratch.client().await;
-    client
-        .batch_execute("BEGIN; SELECT seq FROM audit_head FOR UPDATE")
+    scratch
+        .holding("BEGIN; SELECT seq FROM audit_head FOR UPDATE")
         .await
-        .unwrap();
-    let pid: i32 = client
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
-    (client, pid)
 }
 
 async fn wait_blocked(client: &tokio_postgres::Client, blocker: i32, n: usize) -> Vec<i32> {
@@ -722,19 +714,12 @@ async fn lost_race(mixed: bool) {
         .await
         .unwrap();
     }
-    let outside = scratch.client().await;
-    let outside_pid: i32 = outside
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
-    outside
-        .batch_execute(
+    let (outside, outside_pid) = scratch
+        .holding(
             "BEGIN; UPDATE memory SET value = '\"outside\"', revision = revision + 1 \
              WHERE key = 'k'",
         )
-        .await
-        .unwrap();
+        .await;
     let (holder, first) = stalled_writer(&scratch, &s).await;
     let q = StorageQuota::default();
     let plain = queued_put(&s, put("a", "g", "k", json!("ours"), None), q, "r.a", 1).await;
@@ -812,16 +797,9 @@ async fn a_run_of_puts_killed_half_way_acknowledges_nothing() {
     .await
     .unwrap();
     let before = head_count(&s).await;
-    let outside = scratch.client().await;
-    let outside_pid: i32 = outside
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
-    outside
-        .batch_execute("BEGIN; SELECT 1 FROM memory WHERE key = 'k' FOR UPDATE")
-        .await
-        .unwrap();
+    let (outside, outside_pid) = scratch
+        .holding("BEGIN; SELECT 1 FROM memory WHERE key = 'k' FOR UPDATE")
+        .await;
     let (holder, first) = stalled_writer(&scratch, &s).await;
     let q = StorageQuota::default();
     let mut puts = Vec::new();

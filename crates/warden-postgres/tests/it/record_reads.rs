@@ -49,16 +49,9 @@ async fn reads_queued_behind_one_share_a_statement_and_each_gets_its_own_records
 
     // Hold every read at the database: the first read's statement waits
     // on the table lock, and the reads asked for meanwhile queue behind it.
-    let holder = scratch.client().await;
-    holder
-        .batch_execute("BEGIN; LOCK TABLE memory IN ACCESS EXCLUSIVE MODE")
-        .await
-        .unwrap();
-    let pid: i32 = holder
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let (holder, pid) = scratch
+        .holding("BEGIN; LOCK TABLE memory IN ACCESS EXCLUSIVE MODE")
+        .await;
     let watcher = scratch.client().await;
     // Each read asks for the owners in its own order (some of them
     // holding no record of the key).

@@ -157,6 +157,21 @@ impl Scratch {
             .unwrap();
         client
     }
+
+    /// A raw client that has run `sql` (a `BEGIN` and a locking
+    /// statement) and keeps its transaction open, and its backend pid:
+    /// whatever waits on the lock can be found with [`blocked_by`]. Roll
+    /// back to release it.
+    pub async fn holding(&self, sql: &str) -> (tokio_postgres::Client, i32) {
+        let client = self.client().await;
+        client.batch_execute(sql).await.unwrap();
+        let pid: i32 = client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        (client, pid)
+    }
 }
 
 impl Drop for Scratch {
