@@ -111,9 +111,8 @@ async fn answer(readers: &Readers, mut group: Vec<Read>) {
         return;
     }
     match together(readers, &group).await {
-        Ok(mut found) => {
-            for (i, read) in group.into_iter().enumerate() {
-                let records = found.remove(&i).unwrap_or_default();
+        Ok(found) => {
+            for (read, records) in group.into_iter().zip(found) {
                 let _ = read.reply.send(Ok(in_owner_order(&read.owners, records)));
             }
         }
@@ -147,12 +146,9 @@ async fn alone(readers: &Readers, read: &Read) -> Result<Vec<MemoryRecord>, Stor
     Ok(in_owner_order(&read.owners, found))
 }
 
-/// Every read of `group` in one statement: each one's records, by its
-/// place in the group.
-async fn together(
-    readers: &Readers,
-    group: &[Read],
-) -> Result<HashMap<usize, Vec<MemoryRecord>>, StoreError> {
+/// Every read of `group` in one statement: each one's records, in the
+/// order of the group.
+async fn together(readers: &Readers, group: &[Read]) -> Result<Vec<Vec<MemoryRecord>>, StoreError> {
     let rows: usize = group.iter().map(|r| r.owners.len()).sum();
     let mut places: Vec<i32> = Vec::with_capacity(rows);
     let mut namespaces: Vec<&str> = Vec::with_capacity(rows);
@@ -168,7 +164,7 @@ async fn together(
             owners.push(owner.as_str());
         }
     }
-    let mut found: HashMap<usize, Vec<MemoryRecord>> = HashMap::new();
+    let mut found: Vec<Vec<MemoryRecord>> = group.iter().map(|_| Vec::new()).collect();
     for row in readers
         .query(
             sql::GET_RECORDS_MANY,
@@ -177,16 +173,17 @@ async fn together(
         .await?
     {
         let place: i32 = row.try_get(12).map_err(crate::error::column)?;
-        let place = usize::try_from(place)
+        let records = usize::try_from(place)
             .ok()
-            .filter(|p| *p < group.len())
+            .and_then(|p| found.get_mut(p))
             .ok_or_else(|| StoreError::corrupt("a grouped record read answered no read"))?;
-        found.entry(place).or_default().push(record_out(&row)?);
+        records.push(record_out(&row)?);
     }
     Ok(found)
 }
 
-/// `found` in the order of `owners`, as the resolver walks the lineage.
+/// `found` in the order of `owners`, as the resolver walks the lineage (a
+/// repeated owner repeats its record, as `Store::get_records` says).
 fn in_owner_order(owners: &[AgentId], found: Vec<MemoryRecord>) -> Vec<MemoryRecord> {
     let by_owner: HashMap<AgentId, MemoryRecord> =
         found.into_iter().map(|r| (r.owner.clone(), r)).collect();
