@@ -233,7 +233,7 @@ impl PgStore {
                 channel: channel.clone(),
                 max_batch: options.max_batch,
             },
-        );
+        )?;
         let readers = Arc::new(Readers::new(config.clone(), setup.clone(), options.readers));
         let record_reads = RecordReads::spawn(Arc::clone(&readers));
         Ok(Self {

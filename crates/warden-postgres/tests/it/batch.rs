@@ -1,7 +1,8 @@
 //! The group-commit writers: concurrent writes through two stores (two
 //! servers) form one chain with no gaps; a job that fails in a group rolls
 //! back alone; a group whose connection is killed acknowledges none of its
-//! jobs, and the writer carries on.
+//! jobs, and the writer carries on; the writers run on a thread of their
+//! own.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -932,4 +933,55 @@ async fn a_run_of_puts_stores_every_class_as_it_answered() {
     let x = xmins(&scratch).await;
     assert!((1..7).all(|i| x[&format!("r{i}")] == x["r0"]), "one group");
     assert_chain(&s).await;
+}
+
+/// The writers run on a thread of their own, not on the caller's runtime:
+/// an append sent from a single-threaded runtime commits while that
+/// runtime's one thread is blocked (another thread sees the entry in the
+/// table and its answer is ready once the runtime runs again). On the
+/// caller's runtime, nothing could run until the thread was free.
+#[tokio::test(flavor = "current_thread")]
+async fn the_writers_commit_while_the_callers_runtime_is_blocked() {
+    let scratch = scratch_or_skip!();
+    let store = store(&scratch, 1).await;
+    let mut append = Box::pin(store.append_audit(vec![numbered(1)]));
+    // Poll it until its job is queued (the first poll sends it): it cannot
+    // finish in a millisecond without the writer, which needs a round trip.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(1), &mut append)
+            .await
+            .is_err(),
+        "the append finished before its group could have committed"
+    );
+    // Block this runtime's only thread until another thread, with its own
+    // runtime and connection, sees the entry committed.
+    let url = scratch.url.clone();
+    let schema = scratch.schema.clone();
+    let seen = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let client = raw_client(&url).await;
+            let count = format!("SELECT count(*) FROM \"{schema}\".audit_log");
+            for _ in 0..200 {
+                let n: i64 = client.query_one(&count, &[]).await.unwrap().get(0);
+                if n == 1 {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            false
+        })
+    })
+    .join()
+    .unwrap();
+    assert!(
+        seen,
+        "the entry was not committed while the caller's runtime was blocked"
+    );
+    let head = append.await.unwrap();
+    assert_eq!(head.seq, 1);
+    assert_chain(&store).await;
 }
