@@ -240,6 +240,7 @@
 mod agents;
 mod codec;
 mod context;
+mod dedicated;
 mod error;
 mod log;
 mod memory;

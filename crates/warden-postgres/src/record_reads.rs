@@ -52,11 +52,14 @@ pub(crate) struct RecordReads {
 }
 
 impl RecordReads {
-    /// Start the task, reading through `readers`.
-    pub(crate) fn spawn(readers: Arc<Readers>) -> Self {
+    /// Start the task, reading through `readers`, on a thread of its own
+    /// (see [`crate::dedicated`]; the connections it opens are driven
+    /// there), which ends once the task has: once this is dropped and it
+    /// has answered what was queued.
+    pub(crate) fn spawn(readers: Arc<Readers>) -> Result<Self, StoreError> {
         let (sender, receiver) = mpsc::unbounded_channel();
-        tokio::spawn(run(readers, receiver));
-        Self { sender }
+        crate::dedicated::spawn("warden-reads", run(readers, receiver))?;
+        Ok(Self { sender })
     }
 
     /// The records of `key` in `namespace` held by `owners`, in the order

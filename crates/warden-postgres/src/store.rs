@@ -235,7 +235,7 @@ impl PgStore {
             },
         )?;
         let readers = Arc::new(Readers::new(config.clone(), setup.clone(), options.readers));
-        let record_reads = RecordReads::spawn(Arc::clone(&readers));
+        let record_reads = RecordReads::spawn(Arc::clone(&readers))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,

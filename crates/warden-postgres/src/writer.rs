@@ -412,16 +412,9 @@ pub(crate) struct WriterConfig {
 }
 
 impl Writers {
-    /// Start `count` writers (at least one) on a thread of their own.
-    ///
-    /// The writers and their connections run on a single-threaded runtime
-    /// on that thread, not on the caller's: a group's round trips are
-    /// time the audit head lock is held and that every decision of the
-    /// group waits for, and on the caller's runtime each answer from the
-    /// database waited for a worker busy with other tasks (a server's HTTP
-    /// connections) before the writer went on. The thread ends once every
-    /// writer has (once the [`Writers`] is dropped and they have answered
-    /// what was queued).
+    /// Start `count` writers (at least one) on a thread of their own (see
+    /// [`crate::dedicated`]), which ends once every writer has: once the
+    /// [`Writers`] is dropped and they have answered what was queued.
     pub(crate) fn spawn(count: usize, config: WriterConfig) -> Result<Self, StoreError> {
         let hint = Arc::new(HeadHint::default());
         let mut writers = Vec::new();
@@ -432,23 +425,14 @@ impl Writers {
                 sender
             })
             .collect();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| StoreError::backend(format!("starting the writers' runtime: {e}")))?;
-        std::thread::Builder::new()
-            .name("warden-pg-writer".into())
-            .spawn(move || {
-                runtime.block_on(async move {
-                    let running: Vec<_> = writers.into_iter().map(tokio::spawn).collect();
-                    for writer in running {
-                        // A writer's own panics are caught per group (see
-                        // `run`); nothing is left to answer here.
-                        let _ = writer.await;
-                    }
-                });
-            })
-            .map_err(|e| StoreError::backend(format!("starting the writers' thread: {e}")))?;
+        crate::dedicated::spawn("warden-writer", async move {
+            let running: Vec<_> = writers.into_iter().map(tokio::spawn).collect();
+            for writer in running {
+                // A job's panic is caught per group (see `run`): nothing
+                // is left to answer here.
+                let _ = writer.await;
+            }
+        })?;
         Ok(Self { senders })
     }
 

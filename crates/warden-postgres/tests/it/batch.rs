@@ -935,15 +935,37 @@ async fn a_run_of_puts_stores_every_class_as_it_answered() {
     assert_chain(&s).await;
 }
 
+/// The names of this process's threads.
+fn thread_names() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .map(|tasks| {
+            tasks
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .map(|name| name.trim_end().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The writers run on a thread of their own, not on the caller's runtime:
 /// an append sent from a single-threaded runtime commits while that
 /// runtime's one thread is blocked (another thread sees the entry in the
 /// table and its answer is ready once the runtime runs again). On the
-/// caller's runtime, nothing could run until the thread was free.
+/// caller's runtime, nothing could run until the thread was free. The
+/// record-reads task has a thread of its own too.
 #[tokio::test(flavor = "current_thread")]
 async fn the_writers_commit_while_the_callers_runtime_is_blocked() {
     let scratch = scratch_or_skip!();
     let store = store(&scratch, 1).await;
+    if std::path::Path::new("/proc/self/task").exists() {
+        let names = thread_names();
+        for thread in ["warden-writer", "warden-reads"] {
+            assert!(
+                names.iter().any(|n| n == thread),
+                "no thread `{thread}` among {names:?}"
+            );
+        }
+    }
     let mut append = Box::pin(store.append_audit(vec![numbered(1)]));
     // Poll it until its job is queued (the first poll sends it): it cannot
     // finish in a millisecond without the writer, which needs a round trip.
