@@ -64,7 +64,8 @@
 //! - **One audit chain, one total order.** The `audit_head` table has one
 //!   row, `(seq, hash)`. Every appending operation is a job for one of the
 //!   store's group-commit writers ([`PgOptions::writers`], each with a
-//!   dedicated connection): a writer takes every job queued (up to
+//!   dedicated connection, all on a thread of the store's own, as is the
+//!   task that groups record reads): a writer takes every job queued (up to
 //!   [`PgOptions::max_batch`]), locks the head row with `SELECT ... FOR
 //!   UPDATE` once (when a job runs statements, before any of their rows),
 //!   runs the jobs in one transaction, each in its own savepoint (a
