@@ -949,45 +949,55 @@ fn thread_names() -> Vec<String> {
 
 /// The writers run on a thread of their own, not on the caller's runtime:
 /// an append sent from a single-threaded runtime commits while that
-/// runtime's one thread is blocked (another thread sees the entry in the
-/// table and its answer is ready once the runtime runs again). On the
-/// caller's runtime, nothing could run until the thread was free. The
-/// record-reads task has a thread of its own too.
+/// runtime's one thread is blocked. Another thread, with its own runtime
+/// and connection, holds the head lock while the append is sent (so it
+/// cannot finish yet), then releases it while this runtime's thread is
+/// blocked and sees the entry committed; the answer is ready once the
+/// runtime runs again. On the caller's runtime, nothing could run until the
+/// thread was free. The record-reads task has a thread of its own too.
 #[tokio::test(flavor = "current_thread")]
 async fn the_writers_commit_while_the_callers_runtime_is_blocked() {
     let scratch = scratch_or_skip!();
     let store = store(&scratch, 1).await;
     if std::path::Path::new("/proc/self/task").exists() {
-        let names = thread_names();
+        // A new thread names itself once it runs: give it a moment.
         for thread in ["warden-writer", "warden-reads"] {
+            let mut names = thread_names();
+            for _ in 0..100 {
+                if names.iter().any(|n| n == thread) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+                names = thread_names();
+            }
             assert!(
                 names.iter().any(|n| n == thread),
                 "no thread `{thread}` among {names:?}"
             );
         }
     }
-    let mut append = Box::pin(store.append_audit(vec![numbered(1)]));
-    // Poll it until its job is queued (the first poll sends it): it cannot
-    // finish in a millisecond without the writer, which needs a round trip.
-    assert!(
-        tokio::time::timeout(Duration::from_millis(1), &mut append)
-            .await
-            .is_err(),
-        "the append finished before its group could have committed"
-    );
-    // Block this runtime's only thread until another thread, with its own
-    // runtime and connection, sees the entry committed.
+    let (locked_tx, locked) = std::sync::mpsc::channel::<()>();
+    let (go, go_rx) = std::sync::mpsc::channel::<()>();
     let url = scratch.url.clone();
     let schema = scratch.schema.clone();
-    let seen = std::thread::spawn(move || {
+    let other = std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         runtime.block_on(async move {
             let client = raw_client(&url).await;
+            client
+                .batch_execute(&format!(
+                    "BEGIN; SELECT seq FROM \"{schema}\".audit_head FOR UPDATE"
+                ))
+                .await
+                .unwrap();
+            locked_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+            client.batch_execute("ROLLBACK").await.unwrap();
             let count = format!("SELECT count(*) FROM \"{schema}\".audit_log");
-            for _ in 0..200 {
+            for _ in 0..400 {
                 let n: i64 = client.query_one(&count, &[]).await.unwrap().get(0);
                 if n == 1 {
                     return true;
@@ -996,9 +1006,20 @@ async fn the_writers_commit_while_the_callers_runtime_is_blocked() {
             }
             false
         })
-    })
-    .join()
-    .unwrap();
+    });
+    locked.recv().unwrap();
+    let mut append = Box::pin(store.append_audit(vec![numbered(1)]));
+    // Sent, and waiting for the head lock the other thread holds.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), &mut append)
+            .await
+            .is_err(),
+        "the append finished while the head lock was held by another transaction"
+    );
+    // Block this runtime's only thread while the other releases the lock
+    // and waits for the entry.
+    go.send(()).unwrap();
+    let seen = other.join().unwrap();
     assert!(
         seen,
         "the entry was not committed while the caller's runtime was blocked"
