@@ -113,10 +113,14 @@
 //!   servers, the limit is never exceeded. Writes without a quota take no
 //!   lock.
 //! - **Acknowledged means durable.** A method returns `Ok` only after the
-//!   `COMMIT` of the group holding it returned; a group whose transaction
-//!   is lost answers every one of its jobs with the error. Each connection makes sure `synchronous_commit` is
-//!   not `off` (any stronger setting the operator chose, such as
-//!   `remote_apply` for a synchronous standby, is kept). A connection lost
+//!   commit of the group holding it returned (its `COMMIT`, or the end of
+//!   the one statement a group of records only may be); a group whose
+//!   transaction is lost answers every one of its jobs with the error.
+//!   Each connection makes sure `synchronous_commit` is not `off` (any
+//!   stronger setting the operator chose, such as `remote_apply` for a
+//!   synchronous standby, is kept), and runs a statement outside an
+//!   explicit transaction at read committed whatever the database's
+//!   default (explicit transactions name their level). A connection lost
 //!   mid-transaction rolls back: the write and its audit entries are both
 //!   absent. An error does not prove the opposite, though: a connection
 //!   lost *during* `COMMIT` leaves the outcome unknown to the caller (the

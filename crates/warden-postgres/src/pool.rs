@@ -182,26 +182,22 @@ impl Conn {
         Ok(n)
     }
 
-    /// `BEGIN` (read committed), execute `sql` and `COMMIT`, pipelined:
-    /// one round trip once the statement is prepared. Returns the rows
-    /// `sql` affected; `Ok` only when the commit succeeded too. On any
+    /// Execute `sql` as a transaction of its own (autocommit: the
+    /// statement is its transaction, committed when it ends, at the read
+    /// committed level the connection setup makes the session's default).
+    /// One round trip once the statement is prepared, and one message for
+    /// the server where `BEGIN`, the statement and `COMMIT` were three.
+    /// Returns the rows `sql` affected; `Ok` only when its commit
+    /// succeeded, durable as any commit (see the connection setup). On any
     /// failure the connection stays marked broken.
-    pub(crate) async fn begin_execute_commit(
+    pub(crate) async fn execute_committed(
         &mut self,
         sql: &'static str,
         params: Params<'_>,
     ) -> Result<u64, StoreError> {
         let stmt = self.stmts.get(&self.client, sql).await?;
         self.stmts.in_flight = true;
-        let (begun, executed, committed) = tokio::join!(
-            self.client
-                .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED"),
-            self.client.execute(&stmt, params),
-            self.client.batch_execute("COMMIT")
-        );
-        begun.db()?;
-        let n = executed.db()?;
-        committed.db()?;
+        let n = self.client.execute(&stmt, params).await.db()?;
         self.stmts.in_flight = false;
         Ok(n)
     }

@@ -357,7 +357,8 @@ pub(crate) async fn current_schema(client: &tokio_postgres::Client) -> Result<St
 }
 
 /// The SQL each new connection runs: pin `search_path` to the schema,
-/// make sure a commit is acknowledged only once it is durable, and bound
+/// make sure a commit is acknowledged only once it is durable, run a
+/// statement outside an explicit transaction at read committed, and bound
 /// how long the session may hold a transaction open while idle.
 pub(crate) async fn setup_sql(
     client: &mut tokio_postgres::Client,
@@ -368,18 +369,27 @@ pub(crate) async fn setup_sql(
     let row = client
         .query_one(
             "SELECT current_setting('synchronous_commit'), \
-             current_setting('idle_in_transaction_session_timeout')",
+             current_setting('idle_in_transaction_session_timeout'), \
+             current_setting('default_transaction_isolation')",
             &[],
         )
         .await
         .db()?;
     let sync: String = row.try_get(0).map_err(crate::error::column)?;
     let idle: String = row.try_get(1).map_err(crate::error::column)?;
+    let isolation: String = row.try_get(2).map_err(crate::error::column)?;
     // `off` acknowledges commits before they reach the disk; every other
     // value (`local`, `on`, `remote_write`, `remote_apply`) waits at least
     // for the local flush, and is kept as the operator configured it.
     if sync == "off" {
         setup.push_str("; SET synchronous_commit TO on");
+    }
+    // Every explicit transaction names its level; a statement run as its
+    // own transaction (a predicted append: its conditional update must
+    // wait for a concurrent one and check the row again, not fail with a
+    // serialization error) runs at read committed whatever the default.
+    if isolation != "read committed" {
+        setup.push_str("; SET default_transaction_isolation TO 'read committed'");
     }
     // `0` disables the timeout; any other value was configured and is kept.
     if idle == "0" {

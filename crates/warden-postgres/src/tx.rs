@@ -221,9 +221,10 @@ pub(crate) enum Predicted {
     Moved,
 }
 
-/// The audit-only group, `sealed` after the predicted `head`, in one round trip: `BEGIN`,
-/// [`sql::APPEND_AFTER`] (the head update and the insert, both only if the
-/// head is still `head`) and `COMMIT`, pipelined. A group sealed after the
+/// The audit-only group, `sealed` after the predicted `head`, in one round
+/// trip: [`sql::APPEND_AFTER`] (the head update and the insert, both only
+/// if the head is still `head`) as a transaction of its own (one statement
+/// is atomic: both happen or neither). A group sealed after the
 /// head that an earlier group of this process is committing waits for that
 /// commit on the head row and then finds its prediction right, so
 /// consecutive groups need no round trip between them.
@@ -235,7 +236,7 @@ pub(crate) async fn append_predicted(
     let expected_seq = u64_in(head.seq, "audit sequence number")?;
     let expected_hash: &[u8] = &head.hash.0;
     let inserted = conn
-        .begin_execute_commit(
+        .execute_committed(
             sql::APPEND_AFTER,
             &sealed.params_after(&expected_seq, &expected_hash),
         )

@@ -52,8 +52,8 @@
 //!
 //! A group of records only is sealed after the head the store's writers
 //! predict ([`HeadHint`]: the head after the last group any of them sent)
-//! and sent as one pipelined round trip, `BEGIN`, an insert that happens
-//! only if it moves the head from the predicted one, `COMMIT`
+//! and sent in one round trip as one statement, its own transaction: an
+//! insert that happens only if it moves the head from the predicted one
 //! (`tx::append_predicted`). Consecutive groups of one store chain on one
 //! another without a round trip between them: the next waits on the head
 //! row for the previous one's commit and then finds its prediction right.

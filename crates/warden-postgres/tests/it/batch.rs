@@ -405,6 +405,46 @@ async fn racing_audit_only_appends_through_two_stores_form_one_chain() {
     let scratch = scratch_or_skip!();
     let a = store(&scratch, 3).await;
     let b = store(&scratch, 3).await;
+    race_appends(a, b).await;
+}
+
+/// The same race where the database's default isolation is serializable
+/// (set for the connections by the URL): a predicted append is a statement
+/// run as its own transaction, which the connection setup puts at read
+/// committed. At serializable, its update of a head row another store has
+/// just moved would fail with a serialization error instead of checking
+/// the row again and writing nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_appends_hold_where_the_default_isolation_is_serializable() {
+    let scratch = scratch_or_skip!();
+    let sep = if scratch.url.contains('?') { '&' } else { '?' };
+    let url = format!(
+        "{}{sep}options=-c%20default_transaction_isolation%3Dserializable",
+        scratch.url
+    );
+    let shown: String = raw_client(&url)
+        .await
+        .query_one("SHOW default_transaction_isolation", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(shown, "serializable", "the URL sets the default");
+    let open = || {
+        PgStore::connect_with(
+            &url,
+            PgOptions {
+                writers: 3,
+                ..scratch.options(4)
+            },
+        )
+    };
+    let a = open().await.unwrap();
+    let b = open().await.unwrap();
+    race_appends(a, b).await;
+}
+
+/// 600 concurrent audit-only appends, alternately through `a` and `b`.
+async fn race_appends(a: PgStore, b: PgStore) {
     const TASKS: u64 = 600;
     let tasks: Vec<_> = (0..TASKS)
         .map(|i| {
