@@ -188,18 +188,19 @@ impl Conn {
     /// One round trip once the statement is prepared, and one message for
     /// the server where `BEGIN`, the statement and `COMMIT` were three.
     /// Returns the rows `sql` affected; `Ok` only when its commit
-    /// succeeded, durable as any commit (see the connection setup). On any
-    /// failure the connection stays marked broken.
+    /// succeeded, durable as any commit (see the connection setup). A
+    /// statement the server refused leaves no transaction open, so, as
+    /// after [`Conn::query`], the connection stays usable unless it was
+    /// lost or the exchange abandoned.
     pub(crate) async fn execute_committed(
         &mut self,
         sql: &'static str,
         params: Params<'_>,
     ) -> Result<u64, StoreError> {
         let stmt = self.stmts.get(&self.client, sql).await?;
-        self.stmts.in_flight = true;
-        let n = self.client.execute(&stmt, params).await.db()?;
-        self.stmts.in_flight = false;
-        Ok(n)
+        self.stmts
+            .exchange(self.client.execute(&stmt, params))
+            .await
     }
 
     /// Prepare `sqls` on this connection (those not prepared yet), outside
