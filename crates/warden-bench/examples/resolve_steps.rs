@@ -22,7 +22,7 @@ use warden_bench::warden_engine::{NS, State, load, policy};
 use warden_bench::world::{Scenario, World, model};
 use warden_core::hierarchy::Hierarchy;
 use warden_core::ids::{AgentId, Key};
-use warden_core::memory::{MemoryIndex, Resolution, resolve_in};
+use warden_core::memory::{MemoryIndex, Resolution, resolve_for, resolve_in};
 use warden_core::time::Timestamp;
 
 /// Calls per timed batch.
@@ -77,12 +77,28 @@ fn reader_key_owner(h: &Hierarchy, idx: &MemoryIndex, a: &AgentId, k: &Key) -> u
     depth_of(h, a.as_str()) + key_owner(h, idx, a, k)
 }
 
-/// The benchmark's S3 decision.
-fn resolve(h: &Hierarchy, idx: &MemoryIndex, a: &AgentId, k: &Key) -> u64 {
+/// The S3 decision through `index_of` and `resolve_in`: the node's line
+/// read before the resolve.
+fn resolve_by_index(h: &Hierarchy, idx: &MemoryIndex, a: &AgentId, k: &Key) -> u64 {
     let Some(reader) = h.index_of(a.as_str()) else {
         return 0;
     };
-    match resolve_in(h, reader, idx.view(NS, k.as_str()), Timestamp(1)) {
+    answer(resolve_in(
+        h,
+        reader,
+        idx.view(NS, k.as_str()),
+        Timestamp(1),
+    ))
+}
+
+/// The benchmark's S3 decision (`resolve_for`: the node's line compared
+/// last).
+fn resolve(h: &Hierarchy, idx: &MemoryIndex, a: &AgentId, k: &Key) -> u64 {
+    answer(resolve_for(h, a, idx.view(NS, k.as_str()), Timestamp(1)))
+}
+
+fn answer(r: Resolution<'_>) -> u64 {
+    match r {
         Resolution::Found { record, .. } => {
             black_box(record);
             1
@@ -92,14 +108,15 @@ fn resolve(h: &Hierarchy, idx: &MemoryIndex, a: &AgentId, k: &Key) -> u64 {
     }
 }
 
-const STEPS: [(&str, Step); 7] = [
+const STEPS: [(&str, Step); 8] = [
     ("reader (slot, node)", reader),
     ("reader + the root's node", reader_and_root),
     ("reader + key", reader_key),
     ("reader + key + record", reader_key_record),
     ("key + record + owner, no reader", key_owner),
     ("reader + key + record + owner", reader_key_owner),
-    ("resolve_in (the S3 decision)", resolve),
+    ("index_of, then resolve_in", resolve_by_index),
+    ("resolve_for (the S3 decision)", resolve),
 ];
 
 fn main() -> Result<()> {
@@ -126,7 +143,7 @@ fn main() -> Result<()> {
         .collect::<Result<_>>()?;
     for (i, (a, k, want)) in ring.iter().enumerate() {
         let got = resolve(&hierarchy, &index, a, k);
-        if got != *want {
+        if got != *want || resolve_by_index(&hierarchy, &index, a, k) != got {
             bail!("question {i}: {a} reading {k}: answered {got}, the model {want}");
         }
     }

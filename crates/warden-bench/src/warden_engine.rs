@@ -8,7 +8,8 @@
 //!   hierarchy's ancestor question, answered without walking the lineage).
 //! - S2: the cached effective capabilities ([`Hierarchy::has_capability`]),
 //!   computed once at registration.
-//! - S3: [`resolve_in`] over a [`MemoryIndex`] view: the key's few records,
+//! - S3: [`resolve_for`] over a [`MemoryIndex`] view: the reader placed by
+//!   its id-table slot alone (its node is not read), the key's few records
 //!   each placed on the reader's lineage by a constant-time ancestor test,
 //!   instead of a walk along the lineage (which record wins and its owner
 //!   and revision are part of the answer).
@@ -29,7 +30,7 @@ use warden_core::bundle::{Policy, compile};
 use warden_core::hierarchy::{AgentSpec, Hierarchy};
 use warden_core::ids::{ActionName, AgentId, Key, Namespace};
 use warden_core::memory::{
-    MemoryIndex, MemoryRecord, RecordClass, Resolution, Visibility, resolve_in,
+    MemoryIndex, MemoryRecord, RecordClass, Resolution, Visibility, resolve_for,
 };
 use warden_core::preflight::{PreflightContext, preflight};
 use warden_core::sop::{Sop, parse_sop};
@@ -198,11 +199,8 @@ impl<'p> WardenSubject<'p> {
         key: &str,
     ) -> (u64, Option<(String, u64)>) {
         let h = &self.state.hierarchy;
-        let Some(idx) = h.index_of(reader.as_str()) else {
-            return (0, None);
-        };
         let view = self.state.index.view(NS, key);
-        match resolve_in(h, idx, view, NOW) {
+        match resolve_for(h, reader, view, NOW) {
             Resolution::Found { record, .. } => {
                 (1, Some((record.owner.to_string(), record.revision)))
             }
@@ -241,11 +239,8 @@ impl<'p> WardenSubject<'p> {
                 }
             }
             Scenario::S3 => {
-                let Some(idx) = h.index_of(agent.as_str()) else {
-                    return 0;
-                };
                 let view = self.state.index.view(NS, key);
-                match resolve_in(h, idx, view, NOW) {
+                match resolve_for(h, agent, view, NOW) {
                     Resolution::Found { record, .. } => {
                         std::hint::black_box(record);
                         1

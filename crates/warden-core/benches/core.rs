@@ -300,6 +300,18 @@ fn resolve_random(c: &mut Criterion) {
                 ))
             })
         });
+        g.bench_with_input(BenchmarkId::new("resolve_for", agents), &agents, |b, _| {
+            b.iter(|| {
+                at = (at + 1) & ((1 << 16) - 1);
+                let view = idx.view("s3", ring[at]);
+                black_box(warden_core::memory::resolve_for(
+                    &h,
+                    &names[at],
+                    view,
+                    Timestamp(1),
+                ))
+            })
+        });
     }
     g.finish();
 }

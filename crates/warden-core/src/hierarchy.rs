@@ -298,12 +298,95 @@ impl Placed {
 /// far larger than the cache costs the slot's line and its node's first
 /// line. Since a slot holds the bits that place it, growing the table moves
 /// slots without hashing an id or reading a node.
+///
+/// Beside it, position for position, a table of 32-byte [`Place`]s (two to
+/// a cache line): each full slot's copy, the node's [`Placement`] (its
+/// depth and its parent's lineage, neither of which changes once the agent
+/// is registered) and, for an id of at most [`INLINE_ID`] bytes, the id
+/// itself. [`Hierarchy::placement_of`] probes that table alone, so where a
+/// cold agent with a short id sits costs one cache line, not two dependent
+/// ones; lookups that go on to the node ([`Hierarchy::index_of`], for
+/// capabilities and status) keep to the small table, whose reach the
+/// larger one would spoil.
 #[derive(Clone, Default)]
 struct IdIndex {
     /// A power of two long (or empty).
     slots: Vec<u64>,
+    /// As long as `slots`; `places[i]` describes the agent of `slots[i]`.
+    places: Vec<Place>,
     len: usize,
     state: foldhash::fast::RandomState,
+}
+
+/// The longest id a [`Place`] holds itself (longer ids are compared
+/// through their node).
+pub const INLINE_ID: usize = 16;
+
+/// `Place::id_len` of an id longer than [`INLINE_ID`].
+const LONG_ID: u8 = u8::MAX;
+
+/// Where the agent of one id-table slot sits, and its id if short.
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C, align(32))]
+struct Place {
+    /// The slot's own value (hash bits and index plus one; 0 if empty).
+    slot: u64,
+    /// The node's `parent_path`.
+    parent_path: u32,
+    /// The node's depth.
+    depth: u16,
+    /// The id's length if it is at most [`INLINE_ID`] bytes, else
+    /// [`LONG_ID`].
+    id_len: u8,
+    /// The id, if short, zero-padded.
+    id: [u8; INLINE_ID],
+}
+
+impl Place {
+    /// The placement it records (meaningful for a full slot only).
+    #[inline]
+    fn placement(self) -> Placement {
+        Placement {
+            idx: AgentIdx((self.slot as u32).wrapping_sub(1)),
+            depth: self.depth,
+            parent_path: self.parent_path,
+        }
+    }
+
+    /// Whether this full place, whose hash bits match `id`'s, is `id`'s.
+    #[inline]
+    fn holds(&self, nodes: &[AgentNode], id: &str) -> bool {
+        if self.id_len == LONG_ID {
+            let idx = (self.slot as u32).wrapping_sub(1);
+            return nodes.get(idx as usize).is_some_and(|n| n.id.as_str() == id);
+        }
+        self.id
+            .get(..usize::from(self.id_len))
+            .is_some_and(|own| own == id.as_bytes())
+    }
+}
+
+/// Where an agent sits in the forest: its index, its depth and where its
+/// parent's lineage is stored. Enough to answer whether one agent is
+/// another's ancestor ([`Hierarchy::is_ancestor_of`]) without reading
+/// either node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    idx: AgentIdx,
+    depth: u16,
+    parent_path: u32,
+}
+
+impl Placement {
+    /// The agent's index.
+    pub fn idx(&self) -> AgentIdx {
+        self.idx
+    }
+
+    /// Its depth (0 for a root).
+    pub fn depth(&self) -> u16 {
+        self.depth
+    }
 }
 
 impl fmt::Debug for IdIndex {
@@ -356,27 +439,60 @@ impl IdIndex {
         }
     }
 
-    /// Add the id whose [`IdIndex::hash`] is `hash` at `idx`, which must be
-    /// below `u32::MAX` (and the id not in the table yet).
-    fn insert_hashed(&mut self, hash: u64, idx: AgentIdx) {
+    /// Where `id`'s agent sits, probing the places alone.
+    #[inline]
+    fn placement(&self, nodes: &[AgentNode], id: &str) -> Option<Placement> {
+        let hash = self.hash(id);
+        let mask = self.places.len().checked_sub(1)?;
+        let tag = hash >> 32;
+        let mut at = Self::start(hash, mask);
+        loop {
+            let place = *self.places.get(at)?;
+            if place.slot == 0 {
+                return None;
+            }
+            if place.slot >> 32 == tag && place.holds(nodes, id) {
+                return Some(place.placement());
+            }
+            at = (at + 1) & mask;
+        }
+    }
+
+    /// Add `id`, whose [`IdIndex::hash`] is `hash`, placed at `place`
+    /// (its index below `u32::MAX`, the id not in the table yet).
+    fn insert_hashed(&mut self, id: &str, hash: u64, place: Placement) {
         if (self.len + 1) * 2 > self.slots.len() {
             let size = (self.slots.len() * 2).max(16);
-            let old = std::mem::replace(&mut self.slots, vec![0; size]);
-            for slot in old.into_iter().filter(|s| *s != 0) {
-                self.place(slot);
+            self.slots = vec![0; size];
+            let places = std::mem::replace(&mut self.places, vec![Place::default(); size]);
+            for entry in places.into_iter().filter(|p| p.slot != 0) {
+                self.place(entry);
             }
         }
-        self.place(Self::slot(hash, idx));
+        let mut entry = Place {
+            slot: Self::slot(hash, place.idx),
+            parent_path: place.parent_path,
+            depth: place.depth,
+            id_len: LONG_ID,
+            id: [0; INLINE_ID],
+        };
+        if let (Some(own), Ok(len)) = (entry.id.get_mut(..id.len()), u8::try_from(id.len())) {
+            own.copy_from_slice(id.as_bytes());
+            entry.id_len = len;
+        }
+        self.place(entry);
         self.len += 1;
     }
 
-    /// Put `slot` in the first empty slot from where its hash bits point.
-    fn place(&mut self, slot: u64) {
+    /// Put `entry` and its slot in the first empty position from where its
+    /// hash bits point.
+    fn place(&mut self, entry: Place) {
         let mask = self.slots.len() - 1;
-        let mut at = Self::start(slot, mask);
-        while let Some(s) = self.slots.get_mut(at) {
+        let mut at = Self::start(entry.slot, mask);
+        while let (Some(s), Some(p)) = (self.slots.get_mut(at), self.places.get_mut(at)) {
             if *s == 0 {
-                *s = slot;
+                *s = entry.slot;
+                *p = entry;
                 return;
             }
             at = (at + 1) & mask;
@@ -466,14 +582,42 @@ impl Hierarchy {
     /// (one lookup in the parent's stored path).
     #[inline]
     pub fn is_ancestor(&self, ancestor: AgentIdx, idx: AgentIdx) -> bool {
-        let (Some(a), Some(n)) = (self.node(ancestor), self.node(idx)) else {
-            return false;
-        };
-        if a.depth >= n.depth || n.parent_path == NO_PATH {
+        match (self.placement(ancestor), self.placement(idx)) {
+            (Some(a), Some(p)) => self.is_ancestor_of(a, p),
+            _ => false,
+        }
+    }
+
+    /// [`Hierarchy::is_ancestor`] for agents placed at `ancestor` and `of`
+    /// (from [`Hierarchy::placement`] or [`Hierarchy::placement_of`]):
+    /// reads neither node, one entry of the lineage arena.
+    #[inline]
+    pub fn is_ancestor_of(&self, ancestor: Placement, of: Placement) -> bool {
+        if ancestor.depth >= of.depth || of.parent_path == NO_PATH {
             return false;
         }
-        let at = n.parent_path as usize + a.depth as usize;
-        self.paths.get(at) == Some(&ancestor)
+        let at = of.parent_path as usize + ancestor.depth as usize;
+        self.paths.get(at) == Some(&ancestor.idx)
+    }
+
+    /// Where the agent at `idx` sits, read from its node.
+    #[inline]
+    pub fn placement(&self, idx: AgentIdx) -> Option<Placement> {
+        self.node(idx).map(|n| Placement {
+            idx,
+            depth: n.depth,
+            parent_path: n.parent_path,
+        })
+    }
+
+    /// Where the agent `id` sits, or `None` if no agent has that id: for
+    /// an id of at most [`INLINE_ID`] bytes, read from its id-table slot
+    /// alone (one cache line for a cold agent, where
+    /// [`Hierarchy::index_of`] then [`Hierarchy::placement`] read the slot,
+    /// then the node; a longer id is compared through its node).
+    #[inline]
+    pub fn placement_of(&self, id: &str) -> Option<Placement> {
+        self.by_id.placement(&self.nodes, id)
     }
 
     /// Whether the agent is active and it or one of its ancestors declares
@@ -613,7 +757,12 @@ impl Hierarchy {
                 None => return Err(HierarchyError::UnknownAgent(node.id.to_string())),
             }
         }
-        self.by_id.insert_hashed(hash, idx);
+        let place = Placement {
+            idx,
+            depth: node.depth,
+            parent_path: node.parent_path,
+        };
+        self.by_id.insert_hashed(node.id.as_str(), hash, place);
         self.nodes.push(node);
         Ok(idx)
     }
@@ -1117,5 +1266,107 @@ mod tests {
             // 63 agents with a child store 1 + 2 + ... + 63 entries.
             assert_eq!(h.paths.len(), 63 * 64 / 2);
         }
+    }
+
+    /// Every agent's slot places it as its node does, whatever its id's
+    /// length (inline in the slot up to `INLINE_ID` bytes, compared
+    /// through the node past it); ids one byte longer or shorter, or one
+    /// byte different, are not found.
+    #[test]
+    fn ids_of_every_length_are_placed_as_their_nodes_say() {
+        let mut h = Hierarchy::new(CapSet::new(), CapSet::new(), HierarchyLimits::default());
+        // Two places to a cache line.
+        assert_eq!(std::mem::size_of::<Place>(), 32);
+        // "1", "2-", "3-x", ..., "40-xx...x", then 63, 64, 127 and 128 bytes.
+        let lengths: Vec<usize> = (1..=40).chain([63, 64, 127, 128]).collect();
+        let ids: Vec<String> = lengths
+            .iter()
+            .map(|&len| {
+                let stem = format!("{len}-");
+                let long = format!("{stem}{}", "x".repeat(len.saturating_sub(stem.len())));
+                long.chars().take(len).collect()
+            })
+            .collect();
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(Some(&id.len()), lengths.get(i));
+            // A chain for the first half, a fan under agent 3 after it.
+            let parent = match i {
+                0 => None,
+                1..=20 => Some(ids[i - 1].as_str()),
+                _ => Some(ids[3].as_str()),
+            };
+            h.register(&spec(id, parent), &no_actions).unwrap();
+        }
+        for id in &ids {
+            let idx = h.index_of(id).unwrap();
+            assert_eq!(h.node(idx).unwrap().id().as_str(), id);
+            let place = h.placement_of(id).unwrap();
+            assert_eq!(Some(place), h.placement(idx), "{id}");
+            assert_eq!(usize::from(place.depth()), h.lineage(idx).count() - 1);
+            for other in &ids {
+                let a = h.index_of(other).unwrap();
+                let at = h.placement_of(other).unwrap();
+                assert_eq!(
+                    h.is_ancestor_of(at, place),
+                    h.is_ancestor(a, idx),
+                    "{other} over {id}"
+                );
+            }
+            let mut longer = id.clone();
+            longer.push('x');
+            let mut changed = id.clone().into_bytes();
+            if let Some(last) = changed.last_mut() {
+                *last = if *last == b'y' { b'z' } else { b'y' };
+            }
+            let changed = String::from_utf8(changed).unwrap();
+            for absent in [&longer, &id[..id.len() - 1], &changed] {
+                if ids.iter().any(|i| i == absent) {
+                    continue;
+                }
+                assert_eq!(h.index_of(absent), None, "{absent}");
+                assert_eq!(h.placement_of(absent), None, "{absent}");
+            }
+        }
+    }
+
+    /// Two ids whose hash bits are the same sit in neighbouring slots and
+    /// are told apart (by `index_of` through the node; by `placement_of` in
+    /// the place for short ids, through the node for long ones), whichever
+    /// was registered first.
+    #[test]
+    fn ids_whose_hash_bits_match_are_told_apart() {
+        let mut h = Hierarchy::new(CapSet::new(), CapSet::new(), HierarchyLimits::default());
+        h.register(&spec("root", None), &no_actions).unwrap();
+        // Two pairs of ids of one length with the same high 32 hash bits
+        // under this table's keys: short ones and long ones (by the
+        // birthday bound, about 2^17 ids give two such pairs of each kind).
+        let pair = |stem: &str| -> (String, String) {
+            let mut seen = std::collections::HashMap::new();
+            for i in 0u32..1 << 20 {
+                // All of one length, so that only their bytes differ.
+                let id = format!("{stem}{i:07}");
+                if let Some(first) = seen.insert(h.by_id.hash(&id) >> 32, id.clone()) {
+                    return (first, id);
+                }
+            }
+            panic!("no two of 2^20 ids share 32 hash bits");
+        };
+        let (short_a, short_b) = pair("s");
+        let (long_a, long_b) = pair("an-id-longer-than-the-slot-holds-");
+        assert!(short_a.len() == short_b.len() && short_b.len() <= INLINE_ID);
+        assert!(long_a.len() == long_b.len() && long_a.len() > INLINE_ID);
+        for id in [&short_a, &short_b, &long_b, &long_a] {
+            assert_eq!(h.index_of(id), None);
+            h.register(&spec(id, Some("root")), &no_actions).unwrap();
+        }
+        for id in [&short_a, &short_b, &long_a, &long_b] {
+            let idx = h.index_of(id).unwrap();
+            assert_eq!(h.node(idx).unwrap().id().as_str(), id.as_str());
+            assert_eq!(h.placement_of(id), h.placement(idx));
+        }
+        let err = h
+            .register(&spec(&short_b, Some("root")), &no_actions)
+            .unwrap_err();
+        assert_eq!(err.reason().as_str(), "duplicate_agent");
     }
 }

@@ -38,7 +38,8 @@ use crate::time::Timestamp;
 
 pub use index::{KeyRecords, KeyView, MemoryIndex};
 pub use resolve::{
-    FEW_RECORDS, POLICY_TYPE_MISMATCH, Resolution, resolve, resolve_bounded, resolve_in,
+    FEW_RECORDS, POLICY_TYPE_MISMATCH, Resolution, resolve, resolve_bounded, resolve_for,
+    resolve_in,
 };
 pub use write::{INVALID_RECORD, Put, PutRejection, apply_put, check_result, check_write};
 

@@ -397,6 +397,11 @@ fn run_in<'r>(h: &Hierarchy, reader: &str, index: &'r MemoryIndex) -> Resolution
         view.len(),
     );
     assert_eq!(got, walked, "reader {reader}");
+    assert_eq!(
+        resolve_for(h, &id(reader), view, Timestamp(100)),
+        got,
+        "reader {reader}"
+    );
     got
 }
 
@@ -672,8 +677,32 @@ proptest::proptest! {
             let full = resolve(node.id(), lineage, lookup, now);
             proptest::prop_assert_eq!(&walked, &full);
             let got = resolve_in(&h, reader, view, now);
-            proptest::prop_assert_eq!(got, walked, "reader {} at depth {}", node.id(), node.depth());
+            proptest::prop_assert_eq!(&got, &walked, "reader {} at depth {}", node.id(), node.depth());
+            let by_id = resolve_for(&h, node.id(), view, now);
+            proptest::prop_assert_eq!(by_id, walked, "resolve_for, reader {}", node.id());
         }
+    }
+}
+
+#[test]
+fn resolve_for_a_reader_nobody_registered_finds_nothing() {
+    let h = hierarchy(&[("root", None), ("child", Some("root"))]);
+    let idx = index([rec(
+        "root",
+        json!(1),
+        Visibility::Descendants,
+        RecordClass::Preference,
+    )]);
+    let view = idx.view("ns", "k");
+    assert!(matches!(
+        resolve_for(&h, &id("child"), view, Timestamp(100)),
+        Resolution::Found { .. }
+    ));
+    for nobody in ["childx", "chil", "Child", "root-2"] {
+        assert_eq!(
+            resolve_for(&h, &id(nobody), view, Timestamp(100)),
+            Resolution::NotFound
+        );
     }
 }
 
