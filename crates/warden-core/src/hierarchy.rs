@@ -318,8 +318,8 @@ struct IdIndex {
     state: foldhash::fast::RandomState,
 }
 
-/// The longest id a [`Place`] holds itself (longer ids are compared
-/// through their node).
+/// The longest id the id table keeps beside an agent's placement (longer
+/// ids are compared through their node).
 pub const INLINE_ID: usize = 16;
 
 /// `Place::id_len` of an id longer than [`INLINE_ID`].
