@@ -9,7 +9,7 @@
 //! - S2: the cached effective capabilities ([`Hierarchy::has_capability`]),
 //!   computed once at registration.
 //! - S3: [`resolve_for`] over a [`MemoryIndex`] view: the reader placed by
-//!   its id-table slot alone (its node is not read), the key's few records
+//!   the id table alone (its node is not read), the key's few records
 //!   each placed on the reader's lineage by a constant-time ancestor test,
 //!   instead of a walk along the lineage (which record wins and its owner
 //!   and revision are part of the answer).

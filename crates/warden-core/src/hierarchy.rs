@@ -611,10 +611,11 @@ impl Hierarchy {
     }
 
     /// Where the agent `id` sits, or `None` if no agent has that id: for
-    /// an id of at most [`INLINE_ID`] bytes, read from its id-table slot
-    /// alone (one cache line for a cold agent, where
-    /// [`Hierarchy::index_of`] then [`Hierarchy::placement`] read the slot,
-    /// then the node; a longer id is compared through its node).
+    /// an id of at most [`INLINE_ID`] bytes, read from the id table alone,
+    /// where a copy of the placement sits beside the id (one cache line
+    /// for a cold agent, where [`Hierarchy::index_of`] then
+    /// [`Hierarchy::placement`] read the id table's slot, then the node; a
+    /// longer id is compared through its node).
     #[inline]
     pub fn placement_of(&self, id: &str) -> Option<Placement> {
         self.by_id.placement(&self.nodes, id)
@@ -1268,10 +1269,10 @@ mod tests {
         }
     }
 
-    /// Every agent's slot places it as its node does, whatever its id's
-    /// length (inline in the slot up to `INLINE_ID` bytes, compared
-    /// through the node past it); ids one byte longer or shorter, or one
-    /// byte different, are not found.
+    /// Every agent's place says where it sits as its node does, whatever
+    /// its id's length (kept in the place up to `INLINE_ID` bytes,
+    /// compared through the node past it); ids one byte longer or shorter,
+    /// or one byte different, are not found.
     #[test]
     fn ids_of_every_length_are_placed_as_their_nodes_say() {
         let mut h = Hierarchy::new(CapSet::new(), CapSet::new(), HierarchyLimits::default());

@@ -121,7 +121,7 @@ where
 /// While the key holds at most [`FEW_RECORDS`] records, or no more than the
 /// reader's lineage has levels, it visits the key's records instead of the
 /// lineage: per record one lookup of where its owner sits
-/// ([`Hierarchy::placement_of`], the owner's id-table slot) and a
+/// ([`Hierarchy::placement_of`], from the id table) and a
 /// constant-time ancestor test ([`Hierarchy::is_ancestor_of`], one entry
 /// of the lineage arena); a record whose owner is the reader or one
 /// of its ancestors sits at position `reader depth - owner depth`. The cost
@@ -147,8 +147,8 @@ pub fn resolve_in<'r>(
 /// [`resolve_in`] for the agent whose id is `reader`: the same answer as
 /// `resolve_in(hierarchy, hierarchy.index_of(reader)?, view, now)`, with
 /// the reader found by [`Hierarchy::placement_of`], which for a short id
-/// reads the id table's slot and not the reader's node (one cache line
-/// instead of two for a reader not in cache). A reader the hierarchy does
+/// reads the id table and not the reader's node (one cache line instead
+/// of two for a reader not in cache). A reader the hierarchy does
 /// not hold resolves to [`Resolution::NotFound`].
 pub fn resolve_for<'r>(
     hierarchy: &Hierarchy,
