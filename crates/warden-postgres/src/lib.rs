@@ -91,8 +91,13 @@
 //!   sent in one round trip whose insert happens only if the head is still
 //!   the predicted one, so it holds the lock for its insert and the commit
 //!   flush; a wrong prediction (another store moved the head) writes
-//!   nothing and the group is appended again under the lock (two round
-//!   trips and the flush), and predictions pause for a while. A group that
+//!   nothing and the group is sealed inside the database instead (one
+//!   statement, its own transaction: the schema's `warden_append_sealed`
+//!   locks the head, gives each entry its position and its hash,
+//!   `warden_core::audit::entry_hash` computed there from the entry's
+//!   [`entry_body`](warden_core::audit::entry_body), and moves the head;
+//!   the server checks every hash returned), holding the lock for that
+//!   statement and the flush, and predictions pause for a while. A group that
 //!   runs statements holds the lock for its whole transaction; the lock
 //!   travels with its first statement. A group of puts only sends each
 //!   wave's row changes with the next wave's reads, and the last wave's

@@ -122,66 +122,6 @@ impl Conn {
         self.stmts.exchange(self.client.query(&stmt, params)).await
     }
 
-    /// Start a read-committed transaction and lock the audit head row in
-    /// one round trip (both sent as one simple query); returns the head's
-    /// `(seq, hash)`. Any failure leaves the connection marked broken (it
-    /// may be inside a transaction), so it is not used again.
-    pub(crate) async fn begin_locking_head(&mut self) -> Result<(i64, Vec<u8>), StoreError> {
-        self.stmts.in_flight = true;
-        let rows = self
-            .client
-            .simple_query(
-                "BEGIN ISOLATION LEVEL READ COMMITTED; \
-                 SELECT seq, encode(hash, 'hex') FROM audit_head FOR UPDATE",
-            )
-            .await
-            .db()?;
-        let row = rows
-            .iter()
-            .find_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
-                _ => None,
-            })
-            .ok_or_else(|| StoreError::corrupt("the audit head row is missing"))?;
-        let seq = row
-            .get(0)
-            .and_then(|v| v.parse::<i64>().ok())
-            .ok_or_else(|| StoreError::corrupt("the audit head sequence number is unreadable"))?;
-        let hash = row
-            .get(1)
-            .and_then(decode_hex)
-            .ok_or_else(|| StoreError::corrupt("the audit head hash is unreadable"))?;
-        // Still set: the transaction is open until `execute_and_commit`.
-        Ok((seq, hash))
-    }
-
-    /// Execute `sql` and `COMMIT` the transaction that
-    /// [`Conn::begin_locking_head`] opened, pipelined (one round trip). `Ok`
-    /// only when both succeeded; on any failure the connection stays
-    /// marked broken.
-    pub(crate) async fn execute_and_commit(
-        &mut self,
-        sql: &'static str,
-        params: Params<'_>,
-    ) -> Result<u64, StoreError> {
-        let stmt = match self.stmts.stmts.get(sql) {
-            Some(s) => s.clone(),
-            None => {
-                let s = self.client.prepare(sql).await.db()?;
-                self.stmts.stmts.insert(sql, s.clone());
-                s
-            }
-        };
-        let (executed, committed) = tokio::join!(
-            self.client.execute(&stmt, params),
-            self.client.batch_execute("COMMIT")
-        );
-        let n = executed.db()?;
-        committed.db()?;
-        self.stmts.in_flight = false;
-        Ok(n)
-    }
-
     /// Execute `sql` as a transaction of its own (autocommit: the
     /// statement is its transaction, committed when it ends, at the read
     /// committed level the connection setup makes the session's default).
@@ -746,17 +686,6 @@ impl Drop for Pooled<'_> {
             }
         }
     }
-}
-
-/// Bytes from lowercase or uppercase hex digits.
-fn decode_hex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| s.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()))
-        .collect()
 }
 
 /// Close a broken connection now.

@@ -15,7 +15,7 @@ use warden_store::StoreError;
 use crate::error::DbResult;
 
 /// The schema version this build creates and understands.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// Every migration, in order: `(version it produces, SQL)`.
 ///
@@ -33,6 +33,8 @@ pub const SCHEMA_VERSION: i64 = 8;
 /// - 8: state servers share: request-rate buckets (`request_buckets` and the
 ///   `take_request_tokens` function) and envelope signing keys
 ///   (`envelope_signing_keys`).
+/// - 9: audit entries sealed inside the database (`warden_append_sealed`,
+///   `warden_le8`).
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("migrations/0001_initial.sql")),
     (2, include_str!("migrations/0002_context.sql")),
@@ -42,6 +44,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (6, include_str!("migrations/0006_bound_requests.sql")),
     (7, include_str!("migrations/0007_session_index_parts.sql")),
     (8, include_str!("migrations/0008_shared_server_state.sql")),
+    (9, include_str!("migrations/0009_append_in_database.sql")),
 ];
 
 /// First key of the migration advisory lock ("Ward").

@@ -103,6 +103,12 @@ pub const APPEND_AFTER: &str = "WITH moved AS ( \
      SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::text[], \
        $6::text[], $7::text[], $8::text[], $9::text[], $10::bytea[], $11::bytea[]) \
      WHERE EXISTS (SELECT 1 FROM moved)";
+/// An audit-only group sealed inside the database, after whatever the
+/// head is (migration 9's `warden_append_sealed`): the head before it and
+/// each entry's sequence number and hash.
+pub const APPEND_SEALED: &str = "SELECT base_seq, base_hash, seqs, hashes \
+     FROM warden_append_sealed($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], \
+       $6::text[], $7::text[], $8::text[], $9::bytea[])";
 pub const AUDIT_PAGE: &str = "SELECT seq, time, subject, operation, resource, verdict, reason, \
      policy_version, details, prev_hash, hash \
      FROM audit_log WHERE seq > $1 ORDER BY seq LIMIT $2";

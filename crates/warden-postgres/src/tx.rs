@@ -1,7 +1,7 @@
 //! The end of every group transaction: the audit append under the head
 //! lock, the change records, the commit; and helpers the operations share.
 
-use warden_core::audit::{AuditDraft, ChainHead, entry_hash};
+use warden_core::audit::{AuditDraft, ChainHead, entry_body, entry_hash};
 use warden_core::ids::{AgentId, Key, Namespace};
 use warden_store::{Entity, StoreError};
 
@@ -251,24 +251,89 @@ pub(crate) async fn append_predicted(
     }
 }
 
-/// The audit-only group: `BEGIN` with the head lock in one round trip, then
-/// the insert with the `COMMIT` in another. Returns the head before and
-/// after each draft.
-pub(crate) async fn append_only(
+/// The audit-only group sealed inside the database, in one round trip:
+/// [`sql::APPEND_SEALED`] (run as its own transaction) locks the head,
+/// gives each draft its position and hash from its [`entry_body`], inserts
+/// them and moves the head, holding the head's lock for that statement and
+/// its commit only. No server predicts the head or holds its lock across a
+/// round trip, so groups of several servers never undo each other's work.
+/// Every hash returned is checked against [`entry_hash`] here: a database
+/// that sealed differently is reported as corrupt. Returns the head before
+/// and after each draft.
+pub(crate) async fn append_sealed(
     conn: &mut crate::pool::Conn,
     drafts: &[AuditDraft],
 ) -> Result<(ChainHead, Vec<ChainHead>), StoreError> {
-    let (seq, hash) = conn.begin_locking_head().await?;
-    let seq = u64_out(seq, "audit head sequence number")?;
-    let head = ChainHead {
-        count: seq,
-        seq,
-        hash: codec::digest_out(&hash, "the audit head hash")?,
-    };
-    let sealed = Sealed::new(head, drafts)?;
-    conn.execute_and_commit(sql::APPEND, &sealed.params())
+    let n = drafts.len();
+    let mut times = Vec::with_capacity(n);
+    let mut subjects = Vec::with_capacity(n);
+    let mut operations = Vec::with_capacity(n);
+    let mut resources = Vec::with_capacity(n);
+    let mut verdicts = Vec::with_capacity(n);
+    let mut reasons = Vec::with_capacity(n);
+    let mut policies = Vec::with_capacity(n);
+    let mut details = Vec::with_capacity(n);
+    let mut bodies = Vec::with_capacity(n);
+    for d in drafts {
+        times.push(d.time.0);
+        subjects.push(text_in(&d.subject).into_owned());
+        operations.push(text_in(&d.operation).into_owned());
+        resources.push(text_in(&d.resource).into_owned());
+        verdicts.push(codec::verdict_in(d.verdict));
+        reasons.push(text_in(&d.reason).into_owned());
+        policies.push(text_in(&d.policy_version).into_owned());
+        details.push(json_in(&d.details)?);
+        bodies.push(entry_body(d));
+    }
+    let rows = conn
+        .query(
+            sql::APPEND_SEALED,
+            &[
+                &times,
+                &subjects,
+                &operations,
+                &resources,
+                &verdicts,
+                &reasons,
+                &policies,
+                &details,
+                &bodies,
+            ],
+        )
         .await?;
-    Ok((head, sealed.heads))
+    let row = rows
+        .first()
+        .ok_or_else(|| StoreError::corrupt("the sealed append returned no row"))?;
+    let base = head_out(row)?;
+    let seqs: Vec<i64> = row.try_get(2).map_err(crate::error::column)?;
+    let hashes: Vec<Vec<u8>> = row.try_get(3).map_err(crate::error::column)?;
+    if seqs.len() != n || hashes.len() != n {
+        return Err(StoreError::corrupt(format!(
+            "a sealed append of {n} entries returned {} positions and {} hashes",
+            seqs.len(),
+            hashes.len()
+        )));
+    }
+    let mut heads = Vec::with_capacity(n);
+    let mut prev = base;
+    for ((draft, seq), hash) in drafts.iter().zip(seqs).zip(hashes) {
+        let seq = u64_out(seq, "audit sequence number")?;
+        let hash = codec::digest_out(&hash, "a sealed entry's hash")?;
+        if seq != prev.seq + 1 || hash != entry_hash(seq, draft, &prev.hash) {
+            return Err(StoreError::corrupt(format!(
+                "the database sealed entry {seq} differently from this server \
+                 (after {}): the audit log no longer verifies from there",
+                prev.seq
+            )));
+        }
+        prev = ChainHead {
+            count: prev.count + 1,
+            seq,
+            hash,
+        };
+        heads.push(prev);
+    }
+    Ok((base, heads))
 }
 
 pub(crate) fn not_found(entity: Entity, id: impl std::fmt::Display) -> StoreError {

@@ -16,9 +16,8 @@
 //! - every acknowledgement follows a durable `COMMIT`;
 //! - the head lock is taken once per group, however many decisions the
 //!   group holds: for the whole group when it runs statements; in a group
-//!   of records only, for the commit flush alone when the group is sealed
-//!   on the head it predicts, else for two round trips and the flush (see
-//!   below);
+//!   of records only, for its one statement and the commit flush, never
+//!   across a round trip (see below);
 //! - a lost transaction (the connection dropped, a failed `COMMIT`)
 //!   answers every job of the group with the error: none is acknowledged.
 //!   (As for any commit, a connection lost *during* `COMMIT` leaves the
@@ -58,9 +57,16 @@
 //! another without a round trip between them: the next waits on the head
 //! row for the previous one's commit and then finds its prediction right.
 //! A prediction another store made wrong (or a group before it that
-//! failed) inserts nothing, and the group is appended again under the head
-//! lock, sealed on the head it reads there. The prediction is only ever a
-//! hint: the conditional update is what keeps the chain one chain.
+//! failed) inserts nothing, and the group is sent again to be sealed inside
+//! the database (`tx::append_sealed`): one statement, its own transaction,
+//! that locks the head row, gives each entry its position and hash there
+//! and moves the head, so the lock is held for that statement and its
+//! commit, never across a round trip, whatever the other servers do. The
+//! prediction is only ever a hint: the conditional update is what keeps
+//! the chain one chain. (A lone server's predictions hold, and the
+//! database hashes nothing; sealing every group in the database instead
+//! cost one server about a sixth of its resolves on loopback, the
+//! database's CPU, in `BENCHMARKS.md`.)
 //!
 //! Jobs are routed to a writer by a key (the record's owner, the run, the
 //! session...), so jobs that lock the same rows queue behind one another in
@@ -336,14 +342,16 @@ pub(crate) struct Writers {
 /// The head this store's writers expect the chain to have once the groups
 /// they have sent commit: where the next audit-only group is sealed (see
 /// [`crate::tx::append_predicted`]). Only a hint: a group sealed after a
-/// head that has moved writes nothing and is appended again under the head
-/// lock, and every group that reads the head under the lock sets it.
+/// head that has moved writes nothing and is sealed again inside the
+/// database ([`crate::tx::append_sealed`]), and every group that learns
+/// the head (sealed there, or under the lock of a group with statements)
+/// sets it.
 ///
 /// When other servers append too, predictions miss, and each miss costs a
 /// round trip that wrote nothing. After a miss the writers stop predicting
 /// for a while (1, 3, 7... up to 63 groups after consecutive misses, reset
-/// by a prediction that holds), so a busy deployment costs the locked
-/// append's two round trips, not three, and a lone server predicts on.
+/// by a prediction that holds), so a busy deployment costs the sealed
+/// append's one round trip, not two, and a lone server predicts on.
 #[derive(Default)]
 struct HeadHint(std::sync::Mutex<HintState>);
 
@@ -1010,8 +1018,8 @@ fn waves<'a>(owners: impl Iterator<Item = &'a str>) -> Vec<Vec<usize>> {
     waves
 }
 
-/// A group of audit-only jobs: one round trip on the predicted head (see
-/// [`HeadHint`]), else two under the head lock.
+/// A group of audit-only jobs: one round trip, on the predicted head (see
+/// [`HeadHint`]) or sealed inside the database.
 async fn audit_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>, hint: &HeadHint) {
     let mut answers = Vec::with_capacity(jobs.len());
     let mut drafts = Vec::new();
@@ -1041,8 +1049,8 @@ async fn audit_group(conn: &mut Conn, jobs: Vec<Box<dyn Job>>, hint: &HeadHint) 
 /// Append an audit-only group's `drafts`: sealed after the hinted head in
 /// one round trip when there is a hint (which moves past them at once, so
 /// the next group, on any writer, is sealed after them while they commit),
-/// under the head lock when there is none or it was wrong. Returns the head
-/// before and after each draft.
+/// sealed inside the database, also in one round trip, when there is none
+/// or it was wrong. Returns the head before and after each draft.
 async fn append_audit(
     conn: &mut Conn,
     drafts: &[AuditDraft],
@@ -1061,7 +1069,7 @@ async fn append_audit(
             }
         }
     }
-    let appended = crate::tx::append_only(conn, drafts).await;
+    let appended = crate::tx::append_sealed(conn, drafts).await;
     hint.set(match &appended {
         Ok((base, heads)) => Some(heads.last().copied().unwrap_or(*base)),
         Err(_) => None,
@@ -1113,8 +1121,8 @@ mod tests {
         let (next, _) = hint.predict(&[draft()]).unwrap().unwrap();
         assert_eq!(next, sealed.last(head));
         assert_eq!(next.seq, 9);
-        // Consecutive misses pause for 1, 3, 7 groups; the locked appends
-        // meanwhile set the head, which is used once the pause is over.
+        // Consecutive misses pause for 1, 3, 7 groups; the appends sealed
+        // in the database meanwhile set the head, which is used once the pause is over.
         for pause in [1, 3, 7] {
             hint.missed();
             hint.set(Some(START));

@@ -33,9 +33,43 @@ pub fn entry_hash(seq: u64, draft: &AuditDraft, prev_hash: &Digest) -> Digest {
     })
 }
 
+/// The domain tag every entry hash starts with.
+pub const ENTRY_HASH_TAG: &[u8; 16] = b"warden.audit.v1\0";
+
+/// The part of an entry's hash input that depends on neither its position
+/// nor its predecessor: every field from `time` to `details`, encoded as
+/// [`entry_hash`] encodes them. The hash is SHA-256 over
+/// [`ENTRY_HASH_TAG`], the 8-byte little-endian length 8 and `seq` (8
+/// bytes LE), this body, the length 32 and the previous hash; so a store
+/// can seal an entry where its position is decided (inside the database,
+/// under the head's lock) from this body alone.
+pub fn entry_body(draft: &AuditDraft) -> Vec<u8> {
+    let mut details = Vec::new();
+    write_canonical(&draft.details, &mut details);
+    let fields: [&[u8]; 7] = [
+        draft.subject.as_bytes(),
+        draft.operation.as_bytes(),
+        draft.resource.as_bytes(),
+        draft.verdict.as_str().as_bytes(),
+        draft.reason.as_bytes(),
+        draft.policy_version.as_bytes(),
+        &details,
+    ];
+    let mut out = Vec::with_capacity(16 + fields.iter().map(|f| 8 + f.len()).sum::<usize>());
+    let mut put = |bytes: &[u8]| {
+        out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        out.extend_from_slice(bytes);
+    };
+    put(&draft.time.0.to_le_bytes());
+    for f in fields {
+        put(f);
+    }
+    out
+}
+
 fn hash_fields(e: &EntryRef<'_>) -> Digest {
     let mut h = Sha256::new();
-    h.update(b"warden.audit.v1\0");
+    h.update(ENTRY_HASH_TAG);
     put_field(&mut h, &e.seq.to_le_bytes());
     put_field(&mut h, &e.time.0.to_le_bytes());
     put_field(&mut h, e.subject.as_bytes());

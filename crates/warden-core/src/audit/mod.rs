@@ -34,7 +34,7 @@ use sha2::{Digest as _, Sha256};
 use crate::decision::{Decision, Verdict};
 use crate::time::Timestamp;
 
-pub use hash::{EntryRef, entry_hash};
+pub use hash::{ENTRY_HASH_TAG, EntryRef, entry_body, entry_hash};
 pub use verify::{ChainBreak, ChainHead, ChainVerifier};
 
 /// The subject recorded for operations the operator (not an agent) performs.

@@ -149,3 +149,31 @@ fn key_order_of_details_does_not_matter() {
         entry_hash(1, &b, &Digest::GENESIS)
     );
 }
+
+proptest::proptest! {
+    /// The hash is the tag, the position, the body and the previous hash,
+    /// in that order: what a store sealing inside its database computes
+    /// from [`entry_body`] alone.
+    #[test]
+    fn the_hash_is_the_tag_the_position_the_body_and_the_previous_hash(
+        seq in proptest::prelude::any::<u64>(),
+        time in proptest::prelude::any::<i64>(),
+        subject in "\\PC{0,12}",
+        reason in "[a-z_:]{0,20}",
+        key in "\\PC{0,8}",
+        prev in proptest::prelude::any::<[u8; 32]>(),
+    ) {
+        let mut d = draft(1);
+        d.time = Timestamp(time);
+        d.subject = subject;
+        d.reason = reason;
+        d.details = json!({ key: [1.5, "x", null] });
+        let mut input = ENTRY_HASH_TAG.to_vec();
+        input.extend_from_slice(&8u64.to_le_bytes());
+        input.extend_from_slice(&seq.to_le_bytes());
+        input.extend_from_slice(&entry_body(&d));
+        input.extend_from_slice(&32u64.to_le_bytes());
+        input.extend_from_slice(&prev);
+        proptest::prop_assert_eq!(Digest::of(&input), entry_hash(seq, &d, &Digest(prev)));
+    }
+}

@@ -28,6 +28,7 @@ mod quotas;
 mod rates;
 mod record_reads;
 mod runs;
+mod sealed;
 mod sessions;
 
 /// The shared storage suite (`warden_store::conformance`), one test per
